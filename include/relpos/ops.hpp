@@ -1,0 +1,118 @@
+// relpos: the tensor operations the layers are built from. Each function dispatches on the
+// device of its inputs to the CPU backend (oneDNN) or the CUDA backend (cuDNN, cuBLAS and our
+// kernels); both backends implement exactly the same contract and are tested against the same
+// references. 4-D activations are taken in either layout and returned ChannelsLast.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "relpos/tensor.hpp"
+
+namespace relpos {
+
+enum class Act : std::uint8_t { None, ReLU, SiLU };
+Act parse_act(const std::string& s);  // "relu" | "silu" | "none" | "identity"
+std::string to_string(Act a);
+
+// Per-layer cache of backend plans (oneDNN primitives with their reordered weights, cuDNN
+// descriptors and algorithms), keyed by input shape. Layers own one; clear() it whenever the
+// weights change. Safe to share between threads.
+class OpCache {
+ public:
+  std::shared_ptr<void> find(const std::string& key) const;
+  void put(const std::string& key, std::shared_ptr<void> plan);
+  void clear();
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<void>> plans_;
+};
+
+namespace ops {
+
+struct ConvSpec {
+  int stride = 1;
+  int pad = 0;
+  int groups = 1;
+};
+
+// Applied to a convolution's output: out = act(conv(x) + bias + residual).
+struct Epilogue {
+  const Tensor* residual = nullptr;
+  Act act = Act::None;
+};
+
+// x (N, C, H, W), w (O, C/groups, kh, kw) Contiguous, bias (O) or nullptr.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
+              const Epilogue& epilogue = {}, OpCache* cache = nullptr);
+struct ConvGrads {
+  Tensor dx;  // undefined when not asked for
+  Tensor dw;
+};
+ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec,
+                          bool need_dx);
+
+// Batch norm over (N, H, W) per channel.
+Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                       const Tensor& var, float eps, Act act);
+struct BatchStats {
+  Tensor mean;  // (C) batch mean
+  Tensor var;   // (C) biased batch variance
+  float eps = 1e-5f;
+};
+// Normalises with batch statistics, returns the pre-activation output; updates running_mean and
+// running_var in place with `momentum` (running_var takes the unbiased batch variance).
+Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, float eps, float momentum, BatchStats& stats);
+struct BatchNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                  const Tensor& dy);
+
+Tensor activation(const Tensor& x, Act act);
+// x is the activation's input.
+Tensor activation_backward(const Tensor& x, const Tensor& dy, Act act);
+// act(a + b)
+Tensor add(const Tensor& a, const Tensor& b, Act act = Act::None);
+// a += b (same shape and layout)
+void add_inplace(Tensor& a, const Tensor& b);
+
+enum class PoolKind : std::uint8_t { Max, Avg };
+struct PoolSpec {
+  PoolKind kind = PoolKind::Max;
+  int kernel = 2;
+  int stride = 2;
+  int pad = 0;  // max pool pads with -inf; avg pool here never pads (count_include_pad moot)
+};
+Tensor pool2d(const Tensor& x, const PoolSpec& spec);
+Tensor pool2d_backward(const Tensor& x, const Tensor& dy, const PoolSpec& spec);
+// (N, C, H, W) -> (N, C)
+Tensor global_avg_pool(const Tensor& x);
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
+
+// x (N, in) @ w (out, in)^T + b (out)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor* b);
+struct LinearGrads {
+  Tensor dx, dw, db;
+};
+LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy);
+
+// Row-wise softmax of a 2-D tensor.
+Tensor softmax(const Tensor& x);
+// Mean cross-entropy of logits (N, K) against integer labels; label smoothing eps spreads eps
+// uniformly over the K classes (as torch.nn.CrossEntropyLoss(label_smoothing=eps)).
+struct CrossEntropy {
+  float loss = 0.0f;
+  Tensor dlogits;  // d loss / d logits
+};
+CrossEntropy cross_entropy(const Tensor& logits, const std::vector<int>& labels, float smoothing = 0.0f);
+
+// Plain row-major matmul of 2-D tensors: a (M, K) @ b (K, N) with optional transposes.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+}  // namespace ops
+}  // namespace relpos

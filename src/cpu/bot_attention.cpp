@@ -1,0 +1,273 @@
+// BoTNet global attention with 2D relative positions on the CPU (SPEC section 1).
+//
+// Per image b and head h, with Q, K, V read in place from the channels-last qkv tensor (row
+// stride = qkv channels):
+//   qh = a * Q Rh^T  (N x rows_h),  qw = a * Q Rw^T  (N x rows_w)       [oneDNN sgemm]
+//   L  = s * Q K^T, then L[i, j] += qh[i, ry(i, j)] + qw[i, rx(i, j)]   [sgemm + expand kernel]
+//   A  = softmax(L) row-wise                                              [oneDNN softmax]
+//   O  = A V, written straight into the channels-last output              [sgemm]
+// The expansion reads each query's rows_h + rows_w table entries and adds them over the key
+// grid, so the position term costs N*(rows_h + rows_w)*d multiply-adds, never an N x N x d
+// gather. Work is split over (image, head, block of query rows).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/attention_geometry.hpp"
+#include "cpu/cpu_ops.hpp"
+#include "cpu/dnnl_util.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos::cpu {
+
+namespace {
+
+constexpr std::int64_t kRowBlock = 64;
+
+inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// row[j] += qh_row[ry] + qw_row[rx] for query (yi, xi) over all keys j = (yj, xj).
+// qwx is scratch of W floats.
+inline void add_rel_row(float* row, const float* qh_row, const float* qw_row, int yi, int xi, int H,
+                        int W, int kh, int kw, float* qwx) {
+  for (int xj = 0; xj < W; ++xj) qwx[xj] = qw_row[clampi(xj - xi, -kw, kw) + kw];
+  for (int yj = 0; yj < H; ++yj) {
+    const float a = qh_row[clampi(yj - yi, -kh, kh) + kh];
+    float* r = row + static_cast<std::int64_t>(yj) * W;
+#pragma omp simd
+    for (int xj = 0; xj < W; ++xj) r[xj] += a + qwx[xj];
+  }
+}
+
+// The reverse: d qh and d qw of one query from its row of d logits (accumulated).
+inline void reduce_rel_row(const float* drow, float* dqh_row, float* dqw_row, int yi, int xi, int H, int W,
+                           int kh, int kw, float alpha, float* colsum) {
+  std::fill(colsum, colsum + W, 0.0f);
+  for (int yj = 0; yj < H; ++yj) {
+    const float* r = drow + static_cast<std::int64_t>(yj) * W;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int xj = 0; xj < W; ++xj) {
+      s += r[xj];
+      colsum[xj] += r[xj];
+    }
+    dqh_row[clampi(yj - yi, -kh, kh) + kh] += alpha * s;
+  }
+  for (int xj = 0; xj < W; ++xj) dqw_row[clampi(xj - xi, -kw, kw) + kw] += alpha * colsum[xj];
+}
+
+// Row softmax in place through oneDNN, for blocks of `rows` x `cols`.
+class RowSoftmax {
+ public:
+  RowSoftmax(std::int64_t rows, std::int64_t cols) : md_({rows, cols}, dt::f32, tag::ab) {
+    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md_, 1);
+    pd_ = dnnl::softmax_forward::primitive_desc(d, scratch_attr(), engine());
+    prim_ = dnnl::softmax_forward(pd_);
+  }
+  void run(float* p) const {
+    auto m = mem(md_, p);
+    execute(prim_, pd_.scratchpad_desc(), {{DNNL_ARG_SRC, m}, {DNNL_ARG_DST, m}});
+  }
+
+ private:
+  dnnl::memory::desc md_;
+  dnnl::softmax_forward::primitive_desc pd_;
+  dnnl::softmax_forward prim_;
+};
+
+}  // namespace
+
+Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& pos_w,
+                     const BotAttnSpec& spec, Tensor* probs) {
+  const Tensor qkv = as_channels_last(qkv_in);
+  const BotGeometry g = bot_geometry(qkv, pos_h, pos_w, spec);
+  Tensor out({g.B, g.Co, g.H, g.W}, Device::CPU, Layout::ChannelsLast);
+  if (probs) *probs = Tensor({g.B, spec.heads, g.N, g.N});
+
+  const std::int64_t blk = std::min(kRowBlock, g.N);
+  const std::int64_t nblk = (g.N + blk - 1) / blk;
+  const std::int64_t last_rows = g.N - (nblk - 1) * blk;
+  const RowSoftmax sm_full(blk, g.N);
+  const RowSoftmax sm_last(last_rows, g.N);
+
+  // Absolute positions fold into the keys: s q.k + a q.P = q.(s k + a P).
+  std::vector<float> kprime;
+  if (spec.pos == PosEncoding::Absolute) {
+    kprime.resize(static_cast<std::size_t>(g.B * spec.heads * g.N * spec.dqk));
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < g.B; ++b)
+      for (int h = 0; h < spec.heads; ++h) {
+        const float* k = g.k_ptr(qkv.data(), b, h);
+        const float* p = g.table_h(pos_h.data(), h);
+        float* kp = kprime.data() + ((b * spec.heads + h) * g.N) * spec.dqk;
+        for (std::int64_t j = 0; j < g.N; ++j)
+          for (int c = 0; c < spec.dqk; ++c)
+            kp[j * spec.dqk + c] = g.s * k[j * g.Ct + c] + g.alpha_pos * p[j * spec.dqk + c];
+      }
+  }
+
+  const std::int64_t tasks = g.B * spec.heads * nblk;
+#pragma omp parallel
+  {
+    std::vector<float> logits(probs ? 0 : static_cast<std::size_t>(blk * g.N));
+    std::vector<float> qh(static_cast<std::size_t>(blk * g.Th)), qw(static_cast<std::size_t>(blk * g.Tw));
+    std::vector<float> qwx(static_cast<std::size_t>(g.W));
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t b = t / (spec.heads * nblk);
+      const int h = static_cast<int>((t / nblk) % spec.heads);
+      const std::int64_t i0 = (t % nblk) * blk;
+      const std::int64_t rows = std::min(blk, g.N - i0);
+      const float* q = g.q_ptr(qkv.data(), b, h) + i0 * g.Ct;
+      float* L = probs ? probs->data() + ((b * spec.heads + h) * g.N + i0) * g.N : logits.data();
+      if (spec.pos == PosEncoding::Absolute) {
+        const float* kp = kprime.data() + ((b * spec.heads + h) * g.N) * spec.dqk;
+        gemm(false, true, rows, g.N, spec.dqk, 1.0f, q, g.Ct, kp, spec.dqk, 0.0f, L, g.N);
+      } else {
+        gemm(false, true, rows, g.N, spec.dqk, g.s, q, g.Ct, g.k_ptr(qkv.data(), b, h), g.Ct, 0.0f, L, g.N);
+      }
+      if (spec.pos == PosEncoding::Relative) {
+        gemm(false, true, rows, g.Th, spec.dqk, g.alpha_pos, q, g.Ct, g.table_h(pos_h.data(), h), spec.dqk,
+             0.0f, qh.data(), g.Th);
+        gemm(false, true, rows, g.Tw, spec.dqk, g.alpha_pos, q, g.Ct, g.table_w(pos_w.data(), h), spec.dqk,
+             0.0f, qw.data(), g.Tw);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t i = i0 + r;
+          add_rel_row(L + r * g.N, qh.data() + r * g.Th, qw.data() + r * g.Tw, static_cast<int>(i / g.W),
+                      static_cast<int>(i % g.W), static_cast<int>(g.H), static_cast<int>(g.W), g.kh, g.kw,
+                      qwx.data());
+        }
+      }
+      (rows == blk ? sm_full : sm_last).run(L);
+      gemm(false, false, rows, spec.dv, g.N, 1.0f, L, g.N, g.v_ptr(qkv.data(), b, h), g.Ct, 0.0f,
+           out.data() + (b * g.N + i0) * g.Co + h * spec.dv, g.Co);
+    }
+  }
+  return out;
+}
+
+ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& pos_w,
+                                         const BotAttnSpec& spec, const Tensor& probs,
+                                         const Tensor& dout_in) {
+  const Tensor qkv = as_channels_last(qkv_in);
+  const Tensor dout = as_channels_last(dout_in);
+  const BotGeometry g = bot_geometry(qkv, pos_h, pos_w, spec);
+  RELPOS_CHECK(probs.shape() == Shape({g.B, spec.heads, g.N, g.N}),
+               "attention backward: saved probabilities " << probs.describe() << " do not fit");
+  RELPOS_CHECK(dout.shape() == Shape({g.B, g.Co, g.H, g.W}),
+               "attention backward: gradient " << dout.describe() << " does not match the output");
+  ops::BotAttnGrads grads;
+  grads.dqkv = Tensor(qkv.shape(), Device::CPU, Layout::ChannelsLast);
+  const bool rel = spec.pos == PosEncoding::Relative, absolute = spec.pos == PosEncoding::Absolute;
+  if (rel || absolute) grads.dpos_h = Tensor::zeros(pos_h.shape());
+  if (rel) grads.dpos_w = Tensor::zeros(pos_w.shape());
+  const std::int64_t size_h = grads.dpos_h.defined() ? grads.dpos_h.numel() : 0;
+  const std::int64_t size_w = grads.dpos_w.defined() ? grads.dpos_w.numel() : 0;
+  const std::int64_t N = g.N, d = spec.dqk;
+
+#pragma omp parallel
+  {
+    std::vector<float> dL(static_cast<std::size_t>(N * N));
+    std::vector<float> dqh(rel ? static_cast<std::size_t>(N * g.Th) : 0);
+    std::vector<float> dqw(rel ? static_cast<std::size_t>(N * g.Tw) : 0);
+    std::vector<float> colsum(static_cast<std::size_t>(g.W));
+    std::vector<float> kp(absolute ? static_cast<std::size_t>(N * d) : 0);
+    std::vector<float> dkp(absolute ? static_cast<std::size_t>(N * d) : 0);
+    std::vector<float> acc_h(static_cast<std::size_t>(size_h), 0.0f), acc_w(static_cast<std::size_t>(size_w), 0.0f);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < g.B * spec.heads; ++t) {
+      const std::int64_t b = t / spec.heads;
+      const int h = static_cast<int>(t % spec.heads);
+      const float* P = probs.data() + t * N * N;
+      const float* Q = g.q_ptr(qkv.data(), b, h);
+      const float* K = g.k_ptr(qkv.data(), b, h);
+      const float* V = g.v_ptr(qkv.data(), b, h);
+      const float* dO = dout.data() + b * N * g.Co + h * spec.dv;
+      float* dQ = g.q_ptr(grads.dqkv.data(), b, h);
+      float* dK = g.k_ptr(grads.dqkv.data(), b, h);
+      float* dV = g.v_ptr(grads.dqkv.data(), b, h);
+      // dV = P^T dO ; dP = dO V^T
+      gemm(true, false, N, spec.dv, N, 1.0f, P, N, dO, g.Co, 0.0f, dV, g.Ct);
+      gemm(false, true, N, N, spec.dv, 1.0f, dO, g.Co, V, g.Ct, 0.0f, dL.data(), N);
+      // softmax backward: dL = P * (dP - sum_j P dP)
+      for (std::int64_t i = 0; i < N; ++i) {
+        const float* p = P + i * N;
+        float* r = dL.data() + i * N;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (std::int64_t j = 0; j < N; ++j) dot += p[j] * r[j];
+#pragma omp simd
+        for (std::int64_t j = 0; j < N; ++j) r[j] = p[j] * (r[j] - dot);
+      }
+      if (absolute) {
+        const float* pos = g.table_h(pos_h.data(), h);
+        for (std::int64_t j = 0; j < N; ++j)
+          for (std::int64_t c = 0; c < d; ++c) kp[j * d + c] = g.s * K[j * g.Ct + c] + g.alpha_pos * pos[j * d + c];
+        gemm(false, false, N, d, N, 1.0f, dL.data(), N, kp.data(), d, 0.0f, dQ, g.Ct);
+        gemm(true, false, N, d, N, 1.0f, dL.data(), N, Q, g.Ct, 0.0f, dkp.data(), d);
+        float* ah = g.table_h(acc_h.data(), h);
+        for (std::int64_t j = 0; j < N; ++j)
+          for (std::int64_t c = 0; c < d; ++c) {
+            dK[j * g.Ct + c] = g.s * dkp[j * d + c];
+            ah[j * d + c] += g.alpha_pos * dkp[j * d + c];
+          }
+        continue;
+      }
+      // dQ = s dL K ; dK = s dL^T Q
+      gemm(false, false, N, d, N, g.s, dL.data(), N, K, g.Ct, 0.0f, dQ, g.Ct);
+      gemm(true, false, N, d, N, g.s, dL.data(), N, Q, g.Ct, 0.0f, dK, g.Ct);
+      if (!rel) continue;
+      std::fill(dqh.begin(), dqh.end(), 0.0f);
+      std::fill(dqw.begin(), dqw.end(), 0.0f);
+      for (std::int64_t i = 0; i < N; ++i)
+        reduce_rel_row(dL.data() + i * N, dqh.data() + i * g.Th, dqw.data() + i * g.Tw, static_cast<int>(i / g.W),
+                       static_cast<int>(i % g.W), static_cast<int>(g.H), static_cast<int>(g.W), g.kh, g.kw,
+                       g.alpha_pos, colsum.data());
+      // dQ += dqh Rh + dqw Rw ; dRh += dqh^T Q ; dRw += dqw^T Q
+      gemm(false, false, N, d, g.Th, 1.0f, dqh.data(), g.Th, g.table_h(pos_h.data(), h), d, 1.0f, dQ, g.Ct);
+      gemm(false, false, N, d, g.Tw, 1.0f, dqw.data(), g.Tw, g.table_w(pos_w.data(), h), d, 1.0f, dQ, g.Ct);
+      gemm(true, false, g.Th, d, N, 1.0f, dqh.data(), g.Th, Q, g.Ct, 1.0f,
+           g.table_h(acc_h.data(), h), d);
+      gemm(true, false, g.Tw, d, N, 1.0f, dqw.data(), g.Tw, Q, g.Ct, 1.0f,
+           g.table_w(acc_w.data(), h), d);
+    }
+#pragma omp critical(relpos_bot_attention_reduce)
+    {
+      for (std::int64_t i = 0; i < size_h; ++i) grads.dpos_h.data()[i] += acc_h[static_cast<std::size_t>(i)];
+      for (std::int64_t i = 0; i < size_w; ++i) grads.dpos_w.data()[i] += acc_w[static_cast<std::size_t>(i)];
+    }
+  }
+  return grads;
+}
+
+Tensor rel_pos_logits(const Tensor& q_in, const Tensor& table_h, const Tensor& table_w, int height, int width,
+                      int clip) {
+  const Tensor q = q_in.to(Device::CPU).contiguous();
+  RELPOS_CHECK(q.ndim() == 3 && q.dim(1) == static_cast<std::int64_t>(height) * width,
+               "rel_pos_logits: q must be (batch, " << height << "*" << width << ", d), got " << q.describe());
+  const std::int64_t bh = q.dim(0), N = q.dim(1), d = q.dim(2);
+  const int kh = clip > 0 ? clip : height - 1, kw = clip > 0 ? clip : width - 1;
+  const std::int64_t th = 2 * kh + 1, tw = 2 * kw + 1;
+  RELPOS_CHECK(table_h.shape() == Shape({th, d}) && table_w.shape() == Shape({tw, d}),
+               "rel_pos_logits: tables " << to_string(table_h.shape()) << " and " << to_string(table_w.shape())
+                                         << " do not fit a " << height << "x" << width << " map (need ["
+                                         << th << ", " << d << "] and [" << tw << ", " << d << "])");
+  Tensor out = Tensor::zeros({bh, N, N});
+#pragma omp parallel
+  {
+    std::vector<float> qh(static_cast<std::size_t>(N * th)), qw(static_cast<std::size_t>(N * tw));
+    std::vector<float> qwx(static_cast<std::size_t>(width));
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < bh; ++b) {
+      const float* qb = q.data() + b * N * d;
+      gemm(false, true, N, th, d, 1.0f, qb, d, table_h.data(), d, 0.0f, qh.data(), th);
+      gemm(false, true, N, tw, d, 1.0f, qb, d, table_w.data(), d, 0.0f, qw.data(), tw);
+      for (std::int64_t i = 0; i < N; ++i)
+        add_rel_row(out.data() + (b * N + i) * N, qh.data() + i * th, qw.data() + i * tw,
+                    static_cast<int>(i / width), static_cast<int>(i % width), height, width, kh, kw, qwx.data());
+    }
+  }
+  return out;
+}
+
+}  // namespace relpos::cpu

@@ -1,0 +1,198 @@
+// Convolution on the CPU through oneDNN: activations stay channels-last (nhwc), weights are
+// reordered once into the layout the chosen kernel wants and kept in the layer's OpCache, and
+// bias, residual add and activation run fused as oneDNN post-ops.
+#include <cstring>
+#include <sstream>
+
+#include "cpu/cpu_ops.hpp"
+#include "cpu/dnnl_util.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos::cpu {
+
+namespace {
+
+struct ConvGeometry {
+  std::int64_t n, c, h, w, o, kh, kw, oh, ow;
+  int groups;
+};
+
+ConvGeometry geometry(const Tensor& x, const Tensor& w, const ops::ConvSpec& spec) {
+  RELPOS_CHECK(x.ndim() == 4, "conv2d: input must be (N, C, H, W), got " << x.describe());
+  RELPOS_CHECK(w.ndim() == 4 && w.layout() == Layout::Contiguous,
+               "conv2d: weight must be a contiguous (O, C/groups, kh, kw) tensor, got " << w.describe());
+  RELPOS_CHECK(spec.groups >= 1 && spec.stride >= 1 && spec.pad >= 0, "conv2d: bad spec");
+  ConvGeometry g{};
+  g.n = x.dim(0), g.c = x.dim(1), g.h = x.dim(2), g.w = x.dim(3);
+  g.o = w.dim(0), g.kh = w.dim(2), g.kw = w.dim(3), g.groups = spec.groups;
+  RELPOS_CHECK(g.c % g.groups == 0 && g.o % g.groups == 0 && w.dim(1) * g.groups == g.c,
+               "conv2d: weight " << to_string(w.shape()) << " does not fit input " << to_string(x.shape())
+                                 << " with " << g.groups << " groups");
+  g.oh = (g.h + 2 * spec.pad - g.kh) / spec.stride + 1;
+  g.ow = (g.w + 2 * spec.pad - g.kw) / spec.stride + 1;
+  RELPOS_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input " << to_string(x.shape()) << " is smaller than the "
+                                                      << g.kh << "x" << g.kw << " kernel");
+  return g;
+}
+
+dnnl::memory::desc weights_md(const ConvGeometry& g, tag t) {
+  if (g.groups == 1) return dnnl::memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, t);
+  return dnnl::memory::desc({g.groups, g.o / g.groups, g.c / g.groups, g.kh, g.kw}, dt::f32,
+                            t == tag::any ? tag::any : tag::goihw);
+}
+
+dims strides_of(const ops::ConvSpec& s) { return {s.stride, s.stride}; }
+dims pads_of(const ops::ConvSpec& s) { return {s.pad, s.pad}; }
+
+// pad_r so that oneDNN agrees with the floor in the output size
+dims pads_r(const ConvGeometry& g, const ops::ConvSpec& s) {
+  return {(g.oh - 1) * s.stride + g.kh - g.h - s.pad, (g.ow - 1) * s.stride + g.kw - g.w - s.pad};
+}
+
+void add_act(dnnl::post_ops& po, Act act) {
+  if (act == Act::ReLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (act == Act::SiLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
+}
+
+struct ConvPlan {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+  dnnl::memory weights;  // in the layout pd wants
+  bool has_bias = false;
+  dnnl::memory bias;
+};
+
+std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, const Tensor* bias,
+                                    const ops::ConvSpec& spec, const ops::Epilogue& ep,
+                                    dnnl::prop_kind prop) {
+  auto src_md = md_nhwc({g.n, g.c, g.h, g.w});
+  auto dst_md = md_nhwc({g.n, g.o, g.oh, g.ow});
+  auto wany = weights_md(g, tag::any);
+  dnnl::primitive_attr attr = scratch_attr();
+  dnnl::post_ops po;
+  if (ep.residual) po.append_sum(1.0f);
+  add_act(po, ep.act);
+  attr.set_post_ops(po);
+  auto plan = std::make_shared<ConvPlan>();
+  if (bias) {
+    RELPOS_CHECK(bias->numel() == g.o, "conv2d: bias has " << bias->numel() << " values for " << g.o
+                                                           << " output channels");
+    auto bmd = dnnl::memory::desc({g.o}, dt::f32, tag::a);
+    dnnl::convolution_forward::desc d(prop, dnnl::algorithm::convolution_direct, src_md, wany, bmd,
+                                      dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
+    plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+    plan->has_bias = true;
+    plan->bias = dnnl::memory(bmd, engine());
+    std::memcpy(plan->bias.get_data_handle(), bias->data(), static_cast<std::size_t>(g.o) * 4);
+  } else {
+    dnnl::convolution_forward::desc d(prop, dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
+                                      strides_of(spec), pads_of(spec), pads_r(g, spec));
+    plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+  }
+  plan->prim = dnnl::convolution_forward(plan->pd);
+  auto wplain = mem(weights_md(g, tag::oihw), w);
+  if (plan->pd.weights_desc() == wplain.get_desc()) {
+    plan->weights = dnnl::memory(wplain.get_desc(), engine());
+    std::memcpy(plan->weights.get_data_handle(), w.data(), w.bytes());
+  } else {
+    plan->weights = dnnl::memory(plan->pd.weights_desc(), engine());
+    dnnl::reorder(wplain, plan->weights).execute(stream(), wplain, plan->weights);
+    stream().wait();
+  }
+  return plan;
+}
+
+std::string plan_key(const ConvGeometry& g, const ops::ConvSpec& s, const ops::Epilogue& ep, bool bias) {
+  std::ostringstream os;
+  os << "conv:" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride << ',' << s.pad
+     << ',' << s.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act) << bias;
+  return os.str();
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops::ConvSpec& spec,
+              const ops::Epilogue& ep, OpCache* cache) {
+  const Tensor x = as_channels_last(x_in);
+  const ConvGeometry g = geometry(x, w, spec);
+  std::shared_ptr<ConvPlan> plan;
+  if (cache) {
+    const std::string key = plan_key(g, spec, ep, bias != nullptr);
+    plan = std::static_pointer_cast<ConvPlan>(cache->find(key));
+    if (!plan) {
+      plan = make_plan(g, w, bias, spec, ep, dnnl::prop_kind::forward_inference);
+      cache->put(key, plan);
+    }
+  } else {
+    plan = make_plan(g, w, bias, spec, ep, dnnl::prop_kind::forward_training);
+  }
+  Tensor y({g.n, g.o, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
+  if (ep.residual) {
+    RELPOS_CHECK(ep.residual->shape() == y.shape(), "conv2d: residual " << ep.residual->describe()
+                                                                         << " does not match output "
+                                                                         << to_string(y.shape()));
+    y.copy_from(*ep.residual);
+  }
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(plan->pd.src_desc(), x)},
+                                             {DNNL_ARG_WEIGHTS, plan->weights},
+                                             {DNNL_ARG_DST, mem(plan->pd.dst_desc(), y)}};
+  if (plan->has_bias) args.emplace(DNNL_ARG_BIAS, plan->bias);
+  execute(plan->prim, plan->pd.scratchpad_desc(), std::move(args));
+  return y;
+}
+
+ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor& dy_in,
+                               const ops::ConvSpec& spec, bool need_dx) {
+  const Tensor x = as_channels_last(x_in);
+  const Tensor dy = as_channels_last(dy_in);
+  const ConvGeometry g = geometry(x, w, spec);
+  RELPOS_CHECK(dy.shape() == Shape({g.n, g.o, g.oh, g.ow}),
+               "conv2d_backward: gradient " << dy.describe() << " does not match the output shape");
+  auto src_md = md_nhwc(x.shape());
+  auto dst_md = md_nhwc(dy.shape());
+  auto wany = weights_md(g, tag::any);
+  auto wplain_md = weights_md(g, tag::oihw);
+  dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training,
+                                     dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
+                                     strides_of(spec), pads_of(spec), pads_r(g, spec));
+  dnnl::convolution_forward::primitive_desc fpd(fd, scratch_attr(), engine());
+  ops::ConvGrads grads;
+
+  // d weights
+  {
+    dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, src_md, wany,
+                                               dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
+    dnnl::convolution_backward_weights::primitive_desc pd(d, scratch_attr(), engine(), fpd);
+    grads.dw = Tensor(w.shape());
+    auto dw_plain = mem(wplain_md, grads.dw);
+    const bool direct = pd.diff_weights_desc() == wplain_md;
+    dnnl::memory dw_mem = direct ? dw_plain : dnnl::memory(pd.diff_weights_desc(), engine());
+    execute(dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, mem(src_md, x)}, {DNNL_ARG_DIFF_DST, mem(dst_md, dy)},
+             {DNNL_ARG_DIFF_WEIGHTS, dw_mem}});
+    if (!direct) {
+      dnnl::reorder(dw_mem, dw_plain).execute(stream(), dw_mem, dw_plain);
+      stream().wait();
+    }
+  }
+  // d input
+  if (need_dx) {
+    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
+                                            strides_of(spec), pads_of(spec), pads_r(g, spec));
+    dnnl::convolution_backward_data::primitive_desc pd(d, scratch_attr(), engine(), fpd);
+    auto w_plain = mem(wplain_md, w);
+    dnnl::memory w_mem = w_plain;
+    if (pd.weights_desc() != wplain_md) {
+      w_mem = dnnl::memory(pd.weights_desc(), engine());
+      dnnl::reorder(w_plain, w_mem).execute(stream(), w_plain, w_mem);
+      stream().wait();
+    }
+    grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+    execute(dnnl::convolution_backward_data(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_DIFF_DST, mem(dst_md, dy)}, {DNNL_ARG_WEIGHTS, w_mem},
+             {DNNL_ARG_DIFF_SRC, mem(src_md, grads.dx)}});
+  }
+  return grads;
+}
+
+}  // namespace relpos::cpu

@@ -1,0 +1,102 @@
+#include "cpu/dnnl_util.hpp"
+
+#include <cstdlib>
+#include <memory>
+
+#include "relpos/error.hpp"
+
+namespace relpos::cpu {
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+dnnl::memory::desc md_plain(const Shape& shape) {
+  dims d(shape.begin(), shape.end());
+  tag t = tag::undef;
+  switch (shape.size()) {
+    case 1: t = tag::a; break;
+    case 2: t = tag::ab; break;
+    case 3: t = tag::abc; break;
+    case 4: t = tag::abcd; break;
+    case 5: t = tag::abcde; break;
+    default: RELPOS_FAIL("no plain oneDNN layout for shape " << to_string(shape));
+  }
+  return dnnl::memory::desc(d, dt::f32, t);
+}
+
+dnnl::memory::desc md_nhwc(const Shape& s) {
+  RELPOS_CHECK(s.size() == 4, "expected a 4-D shape, got " << to_string(s));
+  return dnnl::memory::desc({s[0], s[1], s[2], s[3]}, dt::f32, tag::nhwc);
+}
+
+dnnl::memory::desc md_of(const Tensor& t) {
+  return t.layout() == Layout::ChannelsLast ? md_nhwc(t.shape()) : md_plain(t.shape());
+}
+
+dnnl::memory mem(const dnnl::memory::desc& md, const Tensor& t) {
+  return dnnl::memory(md, engine(), const_cast<float*>(t.data()));
+}
+
+dnnl::memory mem(const dnnl::memory::desc& md, const float* p) {
+  return dnnl::memory(md, engine(), const_cast<float*>(p));
+}
+
+dnnl::primitive_attr scratch_attr() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
+namespace {
+struct Scratch {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  ~Scratch() { std::free(p); }
+  void* get(std::size_t n) {
+    if (n > bytes) {
+      std::free(p);
+      bytes = (n + 4095) / 4096 * 4096;
+      p = std::aligned_alloc(64, bytes);
+      RELPOS_CHECK(p != nullptr, "out of memory for a " << n << "-byte scratchpad");
+    }
+    return p;
+  }
+};
+}  // namespace
+
+void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_md,
+             std::unordered_map<int, dnnl::memory> args) {
+  const std::size_t need = scratchpad_md.get_size();
+  if (need > 0) {
+    thread_local Scratch scratch;
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad_md, engine(), scratch.get(need)));
+  }
+  prim.execute(stream(), args);
+  stream().wait();
+}
+
+Tensor as_channels_last(const Tensor& x) {
+  RELPOS_CHECK(x.ndim() == 4, "expected a 4-D (N, C, H, W) tensor, got " << x.describe());
+  RELPOS_CHECK(x.is_cpu(), "expected a CPU tensor, got " << x.describe());
+  return x.channels_last();
+}
+
+}  // namespace relpos::cpu
+
+namespace relpos::cpu {
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                      ldb, beta, c, ldc);
+  RELPOS_CHECK(st == dnnl_success, "oneDNN sgemm failed (" << m << "x" << n << "x" << k << ")");
+}
+}  // namespace relpos::cpu

@@ -1,0 +1,44 @@
+// Internal: the oneDNN engine, per-thread streams, memory descriptors for our tensors, and
+// primitive execution with a per-thread scratchpad (user scratchpad mode), so that one loaded
+// model can run on many threads at once.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "relpos/tensor.hpp"
+
+namespace relpos::cpu {
+
+dnnl::engine& engine();
+dnnl::stream& stream();  // one per calling thread
+
+using dims = dnnl::memory::dims;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+// Descriptor of a tensor as it is stored: 4-D channels-last -> nhwc, else plain row-major.
+dnnl::memory::desc md_of(const Tensor& t);
+dnnl::memory::desc md_plain(const Shape& shape);
+dnnl::memory::desc md_nhwc(const Shape& nchw_shape);
+dnnl::memory mem(const dnnl::memory::desc& md, const Tensor& t);
+dnnl::memory mem(const dnnl::memory::desc& md, const float* p);
+
+// Primitive attributes with the user scratchpad mode set.
+dnnl::primitive_attr scratch_attr();
+// Runs a primitive on the calling thread's stream with a scratchpad of the calling thread.
+void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_md,
+             std::unordered_map<int, dnnl::memory> args);
+
+// A 4-D activation in channels-last layout (converted if it is not).
+Tensor as_channels_last(const Tensor& x);
+
+}  // namespace relpos::cpu
+
+namespace relpos::cpu {
+// Row-major C = alpha * op(A) op(B) + beta * C (oneDNN's sgemm; single-threaded when called
+// inside an OpenMP parallel region).
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+}  // namespace relpos::cpu

@@ -1,0 +1,141 @@
+// Max and average pooling (oneDNN) and global average pooling on the CPU, channels-last.
+#include <cstring>
+#include <limits>
+
+#include "cpu/cpu_ops.hpp"
+#include "cpu/dnnl_util.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos::cpu {
+
+namespace {
+struct PoolGeometry {
+  std::int64_t n, c, h, w, oh, ow;
+};
+
+PoolGeometry pool_geometry(const Tensor& x, const ops::PoolSpec& s) {
+  RELPOS_CHECK(x.ndim() == 4, "pool2d: input must be (N, C, H, W), got " << x.describe());
+  RELPOS_CHECK(s.kernel >= 1 && s.stride >= 1 && s.pad >= 0 && 2 * s.pad <= s.kernel,
+               "pool2d: bad kernel " << s.kernel << " stride " << s.stride << " pad " << s.pad);
+  PoolGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), 0, 0};
+  g.oh = (g.h + 2 * s.pad - s.kernel) / s.stride + 1;
+  g.ow = (g.w + 2 * s.pad - s.kernel) / s.stride + 1;
+  RELPOS_CHECK(g.oh > 0 && g.ow > 0, "pool2d: input " << to_string(x.shape()) << " is smaller than the "
+                                                      << s.kernel << "x" << s.kernel << " window");
+  return g;
+}
+
+dnnl::pooling_forward::desc pool_desc(const PoolGeometry& g, const ops::PoolSpec& s, dnnl::prop_kind prop) {
+  const auto algo = s.kind == ops::PoolKind::Max ? dnnl::algorithm::pooling_max
+                                                 : dnnl::algorithm::pooling_avg_exclude_padding;
+  const dims pad_r = {(g.oh - 1) * s.stride + s.kernel - g.h - s.pad,
+                      (g.ow - 1) * s.stride + s.kernel - g.w - s.pad};
+  return dnnl::pooling_forward::desc(prop, algo, md_nhwc({g.n, g.c, g.h, g.w}),
+                                     md_nhwc({g.n, g.c, g.oh, g.ow}), {s.stride, s.stride},
+                                     {s.kernel, s.kernel}, {s.pad, s.pad}, pad_r);
+}
+}  // namespace
+
+Tensor pool2d(const Tensor& x_in, const ops::PoolSpec& spec) {
+  const Tensor x = as_channels_last(x_in);
+  const PoolGeometry g = pool_geometry(x, spec);
+  dnnl::pooling_forward::primitive_desc pd(pool_desc(g, spec, dnnl::prop_kind::forward_inference),
+                                           scratch_attr(), engine());
+  Tensor y({g.n, g.c, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
+  execute(dnnl::pooling_forward(pd), pd.scratchpad_desc(),
+          {{DNNL_ARG_SRC, mem(pd.src_desc(), x)}, {DNNL_ARG_DST, mem(pd.dst_desc(), y)}});
+  return y;
+}
+
+Tensor pool2d_backward(const Tensor& x_in, const Tensor& dy_in, const ops::PoolSpec& spec) {
+  const Tensor x = as_channels_last(x_in);
+  const Tensor dy = as_channels_last(dy_in);
+  const PoolGeometry g = pool_geometry(x, spec);
+  RELPOS_CHECK(dy.shape() == Shape({g.n, g.c, g.oh, g.ow}),
+               "pool2d backward: gradient " << dy.describe() << " does not match the output shape");
+  Tensor dx = Tensor::zeros(x.shape(), Device::CPU, Layout::ChannelsLast);
+  if (spec.kind == ops::PoolKind::Avg) {
+    auto fd = pool_desc(g, spec, dnnl::prop_kind::forward_training);
+    dnnl::pooling_forward::primitive_desc fpd(fd, scratch_attr(), engine());
+    dnnl::pooling_backward::desc d(dnnl::algorithm::pooling_avg_exclude_padding, md_nhwc(x.shape()),
+                                   md_nhwc(dy.shape()), {spec.stride, spec.stride},
+                                   {spec.kernel, spec.kernel}, {spec.pad, spec.pad},
+                                   {(g.oh - 1) * spec.stride + spec.kernel - g.h - spec.pad,
+                                    (g.ow - 1) * spec.stride + spec.kernel - g.w - spec.pad});
+    dnnl::pooling_backward::primitive_desc pd(d, scratch_attr(), engine(), fpd);
+    execute(dnnl::pooling_backward(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), dy)}, {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), dx)}});
+    return dx;
+  }
+  // Max: the gradient goes to the first maximum of each window (PyTorch's rule). The windows
+  // of one image overlap, so images are the unit of parallel work.
+  const float* xp = x.data();
+  const float* dyp = dy.data();
+  float* dxp = dx.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < g.n; ++b) {
+    for (std::int64_t oy = 0; oy < g.oh; ++oy)
+      for (std::int64_t ox = 0; ox < g.ow; ++ox)
+        for (std::int64_t ch = 0; ch < g.c; ++ch) {
+          float best = -std::numeric_limits<float>::infinity();
+          std::int64_t best_at = -1;
+          for (int ky = 0; ky < spec.kernel; ++ky) {
+            const std::int64_t iy = oy * spec.stride - spec.pad + ky;
+            if (iy < 0 || iy >= g.h) continue;
+            for (int kx = 0; kx < spec.kernel; ++kx) {
+              const std::int64_t ix = ox * spec.stride - spec.pad + kx;
+              if (ix < 0 || ix >= g.w) continue;
+              const std::int64_t at = ((b * g.h + iy) * g.w + ix) * g.c + ch;
+              if (best_at < 0 || xp[at] > best || xp[at] != xp[at]) {
+                best = xp[at];
+                best_at = at;
+              }
+            }
+          }
+          dxp[best_at] += dyp[((b * g.oh + oy) * g.ow + ox) * g.c + ch];
+        }
+  }
+  return dx;
+}
+
+Tensor global_avg_pool(const Tensor& x_in) {
+  const Tensor x = as_channels_last(x_in);
+  const std::int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
+  RELPOS_CHECK(hw > 0, "global average pool of an empty map " << to_string(x.shape()));
+  Tensor y = Tensor::zeros({n, c});
+  const float* xp = x.data();
+  float* yp = y.data();
+  const float inv = 1.0f / static_cast<float>(hw);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < n; ++b) {
+    float* out = yp + b * c;
+    for (std::int64_t p = 0; p < hw; ++p) {
+      const float* row = xp + (b * hw + p) * c;
+#pragma omp simd
+      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] += row[ch];
+    }
+    for (std::int64_t ch = 0; ch < c; ++ch) out[ch] *= inv;
+  }
+  return y;
+}
+
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
+  RELPOS_CHECK(x_shape.size() == 4 && dy.shape() == Shape({x_shape[0], x_shape[1]}),
+               "global average pool backward: gradient " << dy.describe() << " for input "
+                                                         << to_string(x_shape));
+  const std::int64_t n = x_shape[0], c = x_shape[1], hw = x_shape[2] * x_shape[3];
+  Tensor dx(x_shape, Device::CPU, Layout::ChannelsLast);
+  const float* g = dy.data();
+  float* d = dx.data();
+  const float inv = 1.0f / static_cast<float>(hw);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t p = 0; p < hw; ++p) {
+      float* row = d + (b * hw + p) * c;
+#pragma omp simd
+      for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = g[b * c + ch] * inv;
+    }
+  return dx;
+}
+
+}  // namespace relpos::cpu

@@ -1,0 +1,48 @@
+#include "io/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "relpos/error.hpp"
+
+namespace relpos::detail {
+
+void write_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      RELPOS_CHECK(out, "cannot write '" << tmp << "': " << std::strerror(errno));
+      write(out);
+      out.flush();
+      RELPOS_CHECK(out, "writing '" << tmp << "' failed: " << std::strerror(errno));
+    }
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+    RELPOS_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0,
+                 "cannot move '" << tmp << "' to '" << path << "': " << std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RELPOS_CHECK(in, "cannot open '" << path << "': " << std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  RELPOS_CHECK(!in.bad(), "error reading '" << path << "'");
+  return ss.str();
+}
+
+}  // namespace relpos::detail

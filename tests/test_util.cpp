@@ -1,0 +1,71 @@
+#include "test_util.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+namespace relpos::test {
+
+std::string golden_dir() {
+  if (const char* env = std::getenv("RELPOS_GOLDEN_DIR")) return env;
+  return RELPOS_GOLDEN_DIR;
+}
+
+SafetensorsFile golden(const std::string& name) {
+  const std::string path = golden_dir() + "/" + name + ".safetensors";
+  if (!std::filesystem::exists(path))
+    FAIL("golden file " << path << " not found; set RELPOS_GOLDEN_DIR or configure with -DRELPOS_GOLDEN_DIR=...");
+  return SafetensorsFile::read(path);
+}
+
+std::string source_dir() { return RELPOS_SOURCE_DIR; }
+
+float max_abs(const Tensor& t) {
+  float m = 0.0f;
+  for (float v : t.to_vector()) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE_MESSAGE(a.shape() == b.shape(), "shape " << to_string(a.shape()) << " vs " << to_string(b.shape()));
+  const auto va = a.to_vector(), vb = b.to_vector();
+  float m = 0.0f;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const float d = std::fabs(va[i] - vb[i]);
+    if (!(d <= m)) m = d;  // NaN propagates
+  }
+  return m;
+}
+
+void check_close(const Tensor& got, const Tensor& ref, float tol, const std::string& what) {
+  const float diff = max_abs_diff(got, ref);
+  INFO(what << ": max |diff| " << diff << ", tolerance " << tol << ", max |ref| " << max_abs(ref));
+  CHECK(diff <= tol);
+}
+
+void check_forward(const Tensor& got, const Tensor& ref, const std::string& what) {
+  check_close(got, ref, 1e-4f * std::max(1.0f, max_abs(ref)), what);
+}
+
+void check_grad(const Tensor& got, const Tensor& ref, const std::string& what) {
+  check_close(got, ref, 1e-3f * max_abs(ref) + 1e-7f, what);
+}
+
+Tensor random_tensor(const Shape& shape, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<std::size_t>(numel_of(shape)));
+  for (auto& x : v) x = dist(rng);
+  return Tensor::from_vector(shape, v);
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "relpos-test-XXXXXX").string();
+  path = mkdtemp(tmpl.data());
+}
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+}  // namespace relpos::test

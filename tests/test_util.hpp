@@ -1,0 +1,38 @@
+// Shared helpers for the tests: golden files, tolerances, random tensors.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+
+#include "relpos/safetensors.hpp"
+#include "relpos/tensor.hpp"
+
+namespace relpos::test {
+
+// Folder of the reference files: $RELPOS_GOLDEN_DIR, else the one CMake was configured with.
+std::string golden_dir();
+SafetensorsFile golden(const std::string& name);  // e.g. "bot_attn_s1_h6w8"
+std::string source_dir();
+
+float max_abs(const Tensor& t);
+float max_abs_diff(const Tensor& a, const Tensor& b);  // shapes must match (any layout/device)
+
+// SPEC section 4: forward values within 1e-4 * max(1, max|ref|); gradients within 1e-3
+// relative to the largest reference magnitude.
+void check_forward(const Tensor& got, const Tensor& ref, const std::string& what);
+void check_grad(const Tensor& got, const Tensor& ref, const std::string& what);
+void check_close(const Tensor& got, const Tensor& ref, float tol, const std::string& what);
+
+Tensor random_tensor(const Shape& shape, std::mt19937& rng, float scale = 1.0f);
+
+// A temporary folder removed at the end of the test.
+struct TempDir {
+  TempDir();
+  ~TempDir();
+  std::string path;
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+}  // namespace relpos::test
