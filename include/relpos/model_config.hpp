@@ -1,0 +1,95 @@
+// relpos: a network described as data. A JSON model config names the stem, the stages of
+// blocks (bottle | self_attn | sasa) with their widths and strides, the attention options and
+// the head; relpos builds the network from it with timm's byobnet layout and tensor names.
+//
+//   {
+//     "name": "botnet26t_256", "num_classes": 1000, "in_chans": 3, "input_size": [256, 256],
+//     "stem": {"type": "tiered", "chs": 64, "pool": "maxpool"},
+//     "stages": [
+//       {"type": "bottle", "depth": 2, "chs": 256, "stride": 1, "br": 0.25},
+//       {"types": ["bottle", "self_attn"], "chs": 1024, "stride": 2, "br": 0.25}, ...],
+//     "self_attn": {"heads": 4, "pos": "relative", "clip": 0, "per_head": false, "scale_pos_embed": false},
+//     "sasa": {"heads": 8, "kernel": 7}
+//   }
+#pragma once
+
+#include <array>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "relpos/attention_ops.hpp"
+#include "relpos/ops.hpp"
+
+namespace relpos {
+
+struct StemConfig {
+  std::string type = "tiered";  // "tiered": 3x3/2 -> 3x3 -> 3x3 to 3c/8, c/2, c; "conv": one kxk conv
+  int chs = 64;
+  int kernel = 3;  // "conv" stem only
+  int stride = 2;  // "conv" stem only ("tiered" is always 2)
+  std::string pool = "maxpool";  // "maxpool" (3x3/2 pad 1) or "" / "none"
+  bool operator==(const StemConfig& o) const;
+};
+
+// Options of the BoTNet attention layers (SPEC section 1).
+struct SelfAttnConfig {
+  int heads = 4;
+  double qk_ratio = 1.0;
+  PosEncoding pos = PosEncoding::Relative;
+  int clip = 0;
+  bool per_head = false;
+  bool scale_pos_embed = false;
+  bool operator==(const SelfAttnConfig& o) const;
+};
+
+// Options of the SASA local attention layers (SPEC section 2).
+struct SasaConfig {
+  int heads = 8;
+  int kernel = 7;
+  double qk_ratio = 1.0;
+  bool operator==(const SasaConfig& o) const;
+};
+
+struct BlockConfig {
+  std::string type;  // "bottle" | "self_attn" | "sasa"
+  int chs = 0;
+  int stride = 1;  // only the first block of a stage strides
+  double br = 0.25;  // bottleneck ratio: mid = make_divisible(chs * br)
+  int group_size = 0;  // 3x3 conv groups of this many channels (0: one group)
+};
+
+struct StageConfig {
+  std::vector<BlockConfig> blocks;
+  SelfAttnConfig self_attn;  // the model's, unless the stage overrides some fields
+  SasaConfig sasa;
+};
+
+struct ModelConfig {
+  std::string name = "model";
+  int in_chans = 3;
+  int num_classes = 1000;
+  std::array<int, 2> input_size{224, 224};  // (height, width) the model is built for
+  Act act = Act::ReLU;
+  StemConfig stem;
+  std::vector<StageConfig> stages;
+  SelfAttnConfig self_attn;
+  SasaConfig sasa;
+  bool zero_init_last = true;
+
+  // Throws relpos::Error naming the key on unknown keys, wrong types or impossible values.
+  static ModelConfig from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+  // A path to a JSON config, or the name of one shipped in models/ (e.g. "botnet26t_256").
+  static ModelConfig load(const std::string& path_or_name);
+
+  // True when some attention layer has position tables sized for input_size (relative without
+  // clip, or absolute): such a model only runs at its input size.
+  bool fixed_input_size() const;
+};
+
+// Where shipped models live: $RELPOS_MODELS, else the source tree's models/ folder, else
+// models/ next to the executable's parent folder.
+std::string models_dir();
+
+}  // namespace relpos

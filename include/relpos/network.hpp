@@ -1,0 +1,72 @@
+// relpos: a network built from a ModelConfig: stem -> stages of residual blocks -> head, with
+// timm's byobnet tensor names. Inference (infer, infer_features) is const and safe to call from
+// many threads at once; training (forward, backward) is for one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "relpos/model_config.hpp"
+#include "relpos/tensor.hpp"
+
+namespace relpos {
+
+// A parameter or buffer of the network under its timm name.
+struct ParamRef {
+  std::string name;  // e.g. "stages.0.0.conv1_1x1.conv.weight"
+  Tensor* value = nullptr;
+  Tensor* grad = nullptr;  // nullptr for buffers (batch-norm running statistics)
+  bool no_weight_decay = false;  // biases, norm parameters, position tables
+};
+
+// One row of `relpos info`: a layer, its output shape, parameters and multiply-adds.
+struct LayerRow {
+  std::string name;
+  std::string kind;
+  Shape out_shape;
+  std::int64_t params = 0;
+  std::int64_t macs = 0;
+};
+
+class Network {
+ public:
+  // Builds the layers with timm's initialisation drawn from `seed`.
+  explicit Network(const ModelConfig& config, std::uint32_t seed = 0);
+  ~Network();
+  Network(Network&&) noexcept;
+  Network& operator=(Network&&) noexcept;
+
+  const ModelConfig& config() const;
+  // Every parameter and buffer, in timm's state_dict order.
+  const std::vector<ParamRef>& params() const;
+  const ParamRef* find(const std::string& name) const;
+  std::int64_t num_params() const;  // trainable values (buffers excluded)
+
+  Device device() const;
+  void to(Device device);
+  // Must be called after the weights changed (loading, training steps) and before infer():
+  // folds batch norms into convolutions and drops cached kernels. Not thread-safe.
+  void prepare_inference();
+
+  // x: (N, in_chans, H, W) on the network's device. Returns logits (N, num_classes).
+  Tensor infer(const Tensor& x) const;
+  // The stem's last feature map before pooling, then each stage's output (like timm's
+  // features_only), each (N, C, h, w) channels-last.
+  std::vector<Tensor> infer_features(const Tensor& x) const;
+
+  // Training mode (batch statistics, running stats updated); forward saves what backward needs.
+  Tensor forward(const Tensor& x);
+  // Sets every parameter's gradient from d loss / d logits.
+  void backward(const Tensor& dlogits);
+  void release_saved();
+
+  std::vector<LayerRow> summarize(int batch = 1) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace relpos

@@ -1,0 +1,67 @@
+// Internal: timm byobnet's residual blocks.
+//  ResidualBlock: out = act(conv3_1x1(body(x)) + shortcut(x)); the shortcut is identity when
+//  channels and stride are unchanged, else a 1x1 ConvNormAct (no act) with the block's stride.
+//  BottleneckBlock (type "bottle"): body = conv1_1x1 -> conv2_kxk (3x3, stride).
+//  SelfAttnBlock (types "self_attn", "sasa"): body = conv1_1x1 -> self_attn -> post_attn (BN+act).
+#pragma once
+
+#include <memory>
+
+#include "layers/conv_norm_act.hpp"
+
+namespace relpos {
+
+class ResidualBlock : public Module {
+ public:
+  ResidualBlock(int in, int mid, int out, int stride, Act act);
+
+  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
+  Tensor infer(const Tensor& x) const override;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  void prepare_inference() override;
+  void release_saved() override;
+  Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  virtual void init(Init& init, bool zero_init_last);
+
+ protected:
+  // The layers between the block input and conv3_1x1, registered in timm's order.
+  virtual std::vector<std::pair<std::string, Module*>> body() const = 0;
+  Act act_;
+  std::unique_ptr<ConvNormAct> shortcut_;  // null: identity
+  std::unique_ptr<ConvNormAct> conv1_, conv3_;
+
+ private:
+  Tensor sum_;  // saved pre-activation output
+};
+
+class BottleneckBlock : public ResidualBlock {
+ public:
+  BottleneckBlock(int in, int out, int stride, float bottle_ratio, int group_size, Act act);
+  void init(Init& init, bool zero_init_last) override;
+
+ protected:
+  std::vector<std::pair<std::string, Module*>> body() const override;
+
+ private:
+  std::unique_ptr<ConvNormAct> conv2_;
+};
+
+class SelfAttnBlock : public ResidualBlock {
+ public:
+  // attn: the self-attention layer (BotAttention or SasaAttention) working on mid channels.
+  SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<Module> attn, Act act);
+  void init(Init& init, bool zero_init_last) override;
+
+ protected:
+  std::vector<std::pair<std::string, Module*>> body() const override;
+
+ private:
+  std::unique_ptr<Module> attn_;
+  std::unique_ptr<Module> post_attn_;
+};
+
+// timm's make_divisible(v, 8): round to a multiple of 8, never more than 10% down.
+int make_divisible(double v, int divisor = 8);
+
+}  // namespace relpos

@@ -1,0 +1,148 @@
+#include "layers/conv_norm_act.hpp"
+
+#include <cmath>
+
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+ConvNormAct::ConvNormAct(int in, int out, int kernel, int stride, int groups, Act act)
+    : in_(in), out_(out), kernel_(kernel), act_(act) {
+  RELPOS_CHECK(in > 0 && out > 0 && kernel > 0 && stride > 0 && groups > 0 && in % groups == 0 && out % groups == 0,
+               "bad convolution: " << in << " -> " << out << " channels, kernel " << kernel << ", stride " << stride
+                                   << ", groups " << groups);
+  spec_.stride = stride;
+  spec_.pad = same_padding(kernel, stride);
+  spec_.groups = groups;
+  weight_ = Tensor::zeros({out, in / groups, kernel, kernel});
+  gamma_ = Tensor::full({out}, 1.0f);
+  beta_ = Tensor::zeros({out});
+  mean_ = Tensor::zeros({out});
+  var_ = Tensor::full({out}, 1.0f);
+}
+
+void ConvNormAct::collect(const std::string& p, std::vector<ParamRef>& out) {
+  out.push_back({p + "conv.weight", &weight_, &dweight_, false});
+  out.push_back({p + "bn.weight", &gamma_, &dgamma_, true});
+  out.push_back({p + "bn.bias", &beta_, &dbeta_, true});
+  out.push_back({p + "bn.running_mean", &mean_, nullptr, true});
+  out.push_back({p + "bn.running_var", &var_, nullptr, true});
+}
+
+void ConvNormAct::init(Init& init, bool zero_gamma) {
+  // timm byobnet: normal(0, sqrt(2 / fan_out)), fan_out = k*k*out/groups; BN ones/zeros.
+  const float fan_out = static_cast<float>(kernel_ * kernel_ * out_ / spec_.groups);
+  init.normal(weight_, std::sqrt(2.0f / fan_out));
+  Init::constant(gamma_, zero_gamma ? 0.0f : 1.0f);
+  Init::constant(beta_, 0.0f);
+  Init::constant(mean_, 0.0f);
+  Init::constant(var_, 1.0f);
+}
+
+void ConvNormAct::prepare_inference() {
+  // w' = w * g / sqrt(v + eps), b' = beta - mean * g / sqrt(v + eps)
+  const auto w = weight_.to_vector(), g = gamma_.to_vector(), b = beta_.to_vector(), m = mean_.to_vector(),
+             v = var_.to_vector();
+  std::vector<float> fw(w.size()), fb(static_cast<std::size_t>(out_));
+  const std::size_t per = w.size() / static_cast<std::size_t>(out_);
+  for (std::size_t o = 0; o < fb.size(); ++o) {
+    const float scale = g[o] / std::sqrt(v[o] + kEps);
+    for (std::size_t i = 0; i < per; ++i) fw[o * per + i] = w[o * per + i] * scale;
+    fb[o] = b[o] - m[o] * scale;
+  }
+  folded_w_ = Tensor::from_vector(weight_.shape(), fw).to(weight_.device());
+  folded_b_ = Tensor::from_vector({out_}, fb).to(weight_.device());
+  cache_.clear();
+}
+
+Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act) const {
+  RELPOS_CHECK(folded_w_.defined(), "internal: prepare_inference() was not called");
+  return ops::conv2d(x, folded_w_, &folded_b_, spec_, {residual, act}, &cache_);
+}
+
+Tensor ConvNormAct::forward(const Tensor& x) {
+  x_ = x;
+  y_ = ops::conv2d(x, weight_, nullptr, spec_);
+  z_ = ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, stats_);
+  return ops::activation(z_, act_);
+}
+
+Tensor ConvNormAct::backward(const Tensor& dy) {
+  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
+  const Tensor dz = ops::activation_backward(z_, dy, act_);
+  ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dz);
+  dgamma_ = bn.dgamma;
+  dbeta_ = bn.dbeta;
+  ops::ConvGrads g = ops::conv2d_backward(x_, weight_, bn.dx, spec_, need_input_grad_);
+  dweight_ = g.dw;
+  return g.dx;
+}
+
+void ConvNormAct::release_saved() {
+  x_ = y_ = z_ = Tensor();
+  stats_ = {};
+}
+
+Shape ConvNormAct::summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const {
+  RELPOS_CHECK(in.size() == 4 && in[1] == in_, prefix << ": expects " << in_ << " input channels, got shape "
+                                                      << to_string(in));
+  const std::int64_t oh = (in[2] + 2 * spec_.pad - kernel_) / spec_.stride + 1;
+  const std::int64_t ow = (in[3] + 2 * spec_.pad - kernel_) / spec_.stride + 1;
+  Shape out{in[0], out_, oh, ow};
+  if (rows) {
+    const std::int64_t params = weight_.numel() + 2 * out_;
+    const std::int64_t macs = weight_.numel() * oh * ow * in[0];
+    rows->push_back({prefix.substr(0, prefix.size() - 1),
+                     "conv" + std::to_string(kernel_) + "x" + std::to_string(kernel_) + "/" +
+                         std::to_string(spec_.stride) + "+bn" + (act_ == Act::None ? "" : "+" + to_string(act_)),
+                     out, params, macs});
+  }
+  return out;
+}
+
+BatchNormAct::BatchNormAct(int channels, Act act) : channels_(channels), act_(act) {
+  gamma_ = Tensor::full({channels}, 1.0f);
+  beta_ = Tensor::zeros({channels});
+  mean_ = Tensor::zeros({channels});
+  var_ = Tensor::full({channels}, 1.0f);
+}
+
+void BatchNormAct::collect(const std::string& p, std::vector<ParamRef>& out) {
+  out.push_back({p + "weight", &gamma_, &dgamma_, true});
+  out.push_back({p + "bias", &beta_, &dbeta_, true});
+  out.push_back({p + "running_mean", &mean_, nullptr, true});
+  out.push_back({p + "running_var", &var_, nullptr, true});
+}
+
+Tensor BatchNormAct::infer(const Tensor& x) const {
+  return ops::batchnorm_infer(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, act_);
+}
+
+Tensor BatchNormAct::forward(const Tensor& x) {
+  x_ = x;
+  z_ = ops::batchnorm_train(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, ConvNormAct::kMomentum, stats_);
+  return ops::activation(z_, act_);
+}
+
+Tensor BatchNormAct::backward(const Tensor& dy) {
+  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
+  ops::BatchNormGrads bn = ops::batchnorm_backward(x_, gamma_, stats_, ops::activation_backward(z_, dy, act_));
+  dgamma_ = bn.dgamma;
+  dbeta_ = bn.dbeta;
+  return bn.dx;
+}
+
+void BatchNormAct::release_saved() {
+  x_ = z_ = Tensor();
+  stats_ = {};
+}
+
+Shape BatchNormAct::summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const {
+  RELPOS_CHECK(in.size() == 4 && in[1] == channels_, prefix << ": expects " << channels_ << " channels");
+  if (rows)
+    rows->push_back({prefix.substr(0, prefix.size() - 1), "bn" + (act_ == Act::None ? std::string() : "+" + to_string(act_)),
+                     in, 2 * channels_, 0});
+  return in;
+}
+
+}  // namespace relpos

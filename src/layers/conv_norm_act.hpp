@@ -1,0 +1,69 @@
+// Internal: timm's ConvNormAct: conv (no bias) -> BatchNorm2d -> activation. Names:
+// <p>.conv.weight, <p>.bn.{weight,bias,running_mean,running_var}. For inference the batch norm
+// is folded into the convolution's weights and bias, and a residual add and activation can be
+// fused into the same oneDNN/cuDNN call.
+#pragma once
+
+#include "layers/module.hpp"
+
+namespace relpos {
+
+// timm's symmetric padding for a kernel and stride
+inline int same_padding(int kernel, int stride) { return ((stride - 1) + (kernel - 1)) / 2; }
+
+class ConvNormAct : public Module {
+ public:
+  ConvNormAct(int in, int out, int kernel, int stride, int groups, Act act);
+
+  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
+  Tensor infer(const Tensor& x) const override { return infer(x, nullptr, act_); }
+  // act(bn(conv(x)) + residual): the residual is added before the activation.
+  Tensor infer(const Tensor& x, const Tensor* residual, Act act) const;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  void prepare_inference() override;
+  void release_saved() override;
+  Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+
+  void init(Init& init, bool zero_gamma);
+  int out_channels() const { return out_; }
+  // The first layer of a network needs no input gradient.
+  void set_need_input_grad(bool need) { need_input_grad_ = need; }
+
+  static constexpr float kEps = 1e-5f;
+  static constexpr float kMomentum = 0.1f;
+
+ private:
+  int in_, out_, kernel_;
+  ops::ConvSpec spec_;
+  Act act_;
+  bool need_input_grad_ = true;
+  Tensor weight_, dweight_;
+  Tensor gamma_, beta_, mean_, var_, dgamma_, dbeta_;
+  Tensor folded_w_, folded_b_;  // inference weights
+  mutable OpCache cache_;
+  // saved by forward()
+  Tensor x_, y_, z_;
+  ops::BatchStats stats_;
+};
+
+// timm's BatchNormAct2d (post_attn): names <p>.{weight,bias,running_mean,running_var}.
+class BatchNormAct : public Module {
+ public:
+  BatchNormAct(int channels, Act act);
+  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
+  Tensor infer(const Tensor& x) const override;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  void release_saved() override;
+  Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+
+ private:
+  int channels_;
+  Act act_;
+  Tensor gamma_, beta_, mean_, var_, dgamma_, dbeta_;
+  Tensor x_, z_;
+  ops::BatchStats stats_;
+};
+
+}  // namespace relpos

@@ -1,0 +1,79 @@
+#include "layers/blocks.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+int make_divisible(double v, int divisor) {
+  int nv = std::max(divisor, static_cast<int>(v + divisor / 2.0) / divisor * divisor);
+  if (nv < 0.9 * v) nv += divisor;
+  return nv;
+}
+
+ResidualBlock::ResidualBlock(int in, int mid, int out, int stride, Act act) : act_(act) {
+  if (in != out || stride != 1) shortcut_ = std::make_unique<ConvNormAct>(in, out, 1, stride, 1, Act::None);
+  conv1_ = std::make_unique<ConvNormAct>(in, mid, 1, 1, 1, act);
+  conv3_ = std::make_unique<ConvNormAct>(mid, out, 1, 1, 1, Act::None);
+}
+
+void ResidualBlock::collect(const std::string& p, std::vector<ParamRef>& out) {
+  if (shortcut_) shortcut_->collect(p + "shortcut.", out);
+  conv1_->collect(p + "conv1_1x1.", out);
+  for (auto& [name, m] : body()) m->collect(p + name + ".", out);
+  conv3_->collect(p + "conv3_1x1.", out);
+}
+
+void ResidualBlock::init(Init& init, bool zero_init_last) {
+  if (shortcut_) shortcut_->init(init, false);
+  conv1_->init(init, false);
+  conv3_->init(init, zero_init_last);
+}
+
+Tensor ResidualBlock::infer(const Tensor& x) const {
+  const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
+  Tensor h = conv1_->infer(x);
+  for (auto& [name, m] : body()) h = m->infer(h);
+  return conv3_->infer(h, &sc, act_);
+}
+
+Tensor ResidualBlock::forward(const Tensor& x) {
+  const Tensor sc = shortcut_ ? shortcut_->forward(x) : x;
+  Tensor h = conv1_->forward(x);
+  for (auto& [name, m] : body()) h = m->forward(h);
+  sum_ = ops::add(conv3_->forward(h), sc);
+  return ops::activation(sum_, act_);
+}
+
+Tensor ResidualBlock::backward(const Tensor& dy) {
+  RELPOS_CHECK(sum_.defined(), "internal: backward() without forward()");
+  const Tensor ds = ops::activation_backward(sum_, dy, act_);
+  Tensor dh = conv3_->backward(ds);
+  const auto layers = body();
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = it->second->backward(dh);
+  dh = conv1_->backward(dh);
+  ops::add_inplace(dh, shortcut_ ? shortcut_->backward(ds) : ds);
+  return dh;
+}
+
+void ResidualBlock::prepare_inference() {
+  if (shortcut_) shortcut_->prepare_inference();
+  conv1_->prepare_inference();
+  for (auto& [name, m] : body()) m->prepare_inference();
+  conv3_->prepare_inference();
+}
+
+void ResidualBlock::release_saved() {
+  sum_ = Tensor();
+  if (shortcut_) shortcut_->release_saved();
+  conv1_->release_saved();
+  for (auto& [name, m] : body()) m->release_saved();
+  conv3_->release_saved();
+}
+
+Shape ResidualBlock::summarize(const std::string& p, const Shape& in, std::vector<LayerRow>* rows) const {
+  if (shortcut_) shortcut_->summarize(p + "shortcut.", in, rows);
+  Shape s = conv1_->summarize(p + "conv1_1x1.", in, rows);
+  for (auto& [name, m] : body()) s = m->summarize(p + name + ".", s, rows);
+  return conv3_->summarize(p + "conv3_1x1.", s, rows);
+}
+
+}  // namespace relpos

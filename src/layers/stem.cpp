@@ -1,0 +1,74 @@
+#include "layers/stem_and_head.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+namespace {
+const ops::PoolSpec kStemPool{ops::PoolKind::Max, 3, 2, 1};
+}
+
+Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
+  if (cfg.type == "tiered") {
+    const int c = cfg.chs;
+    convs_.emplace_back("conv1", std::make_unique<ConvNormAct>(in_chans, 3 * c / 8, 3, 2, 1, act));
+    convs_.emplace_back("conv2", std::make_unique<ConvNormAct>(3 * c / 8, c / 2, 3, 1, 1, act));
+    convs_.emplace_back("conv3", std::make_unique<ConvNormAct>(c / 2, c, 3, 1, 1, act));
+    reduction_ = 2;
+  } else {
+    convs_.emplace_back("conv", std::make_unique<ConvNormAct>(in_chans, cfg.chs, cfg.kernel, cfg.stride, 1, act));
+    reduction_ = cfg.stride;
+  }
+  convs_.front().second->set_need_input_grad(false);
+  pool_ = cfg.pool == "maxpool";
+  if (pool_) reduction_ *= 2;
+}
+
+void Stem::collect(const std::string& p, std::vector<ParamRef>& out) {
+  for (auto& [name, c] : convs_) c->collect(p + name + ".", out);
+}
+
+void Stem::init(Init& init) {
+  for (auto& [name, c] : convs_) c->init(init, false);
+}
+
+Tensor Stem::infer(const Tensor& x, Tensor* pre_pool) const {
+  Tensor h = x;
+  for (const auto& [name, c] : convs_) h = c->infer(h);
+  if (pre_pool) *pre_pool = h;
+  return pool_ ? ops::pool2d(h, kStemPool) : h;
+}
+
+Tensor Stem::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& [name, c] : convs_) h = c->forward(h);
+  pre_pool_ = h;
+  return pool_ ? ops::pool2d(h, kStemPool) : h;
+}
+
+Tensor Stem::backward(const Tensor& dy) {
+  Tensor d = pool_ ? ops::pool2d_backward(pre_pool_, dy, kStemPool) : dy;
+  for (auto it = convs_.rbegin(); it != convs_.rend(); ++it) d = it->second->backward(d);
+  return d;
+}
+
+void Stem::prepare_inference() {
+  for (auto& [name, c] : convs_) c->prepare_inference();
+}
+
+void Stem::release_saved() {
+  pre_pool_ = Tensor();
+  for (auto& [name, c] : convs_) c->release_saved();
+}
+
+Shape Stem::summarize(const std::string& p, const Shape& in, std::vector<LayerRow>* rows) const {
+  Shape s = in;
+  for (const auto& [name, c] : convs_) s = c->summarize(p + name + ".", s, rows);
+  if (pool_) {
+    s[2] = (s[2] + 2 - 3) / 2 + 1;
+    s[3] = (s[3] + 2 - 3) / 2 + 1;
+    if (rows) rows->push_back({p + "pool", "maxpool3x3/2", s, 0, 0});
+  }
+  return s;
+}
+
+}  // namespace relpos

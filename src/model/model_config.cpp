@@ -1,0 +1,240 @@
+#include "relpos/model_config.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "io/atomic_file.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+using nlohmann::json;
+
+bool StemConfig::operator==(const StemConfig& o) const {
+  return type == o.type && chs == o.chs && kernel == o.kernel && stride == o.stride && pool == o.pool;
+}
+bool SelfAttnConfig::operator==(const SelfAttnConfig& o) const {
+  return heads == o.heads && qk_ratio == o.qk_ratio && pos == o.pos && clip == o.clip && per_head == o.per_head &&
+         scale_pos_embed == o.scale_pos_embed;
+}
+bool SasaConfig::operator==(const SasaConfig& o) const {
+  return heads == o.heads && kernel == o.kernel && qk_ratio == o.qk_ratio;
+}
+
+namespace {
+
+// Reads an object's keys with their types checked, then rejects keys nobody asked for.
+class Reader {
+ public:
+  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    RELPOS_CHECK(j.is_object(), where_ << " must be a JSON object");
+  }
+  bool has(const std::string& k) const { return j_.contains(k); }
+  template <typename T>
+  T get(const std::string& k, const T& fallback) {
+    used_.insert(k);
+    if (!j_.contains(k)) return fallback;
+    return convert<T>(k);
+  }
+  template <typename T>
+  T need(const std::string& k) {
+    used_.insert(k);
+    RELPOS_CHECK(j_.contains(k), where_ << ": missing key '" << k << "'");
+    return convert<T>(k);
+  }
+  const json& raw(const std::string& k) {
+    used_.insert(k);
+    return j_.at(k);
+  }
+  void done() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      RELPOS_CHECK(used_.count(it.key()), where_ << ": unknown key '" << it.key() << "'");
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  template <typename T>
+  T convert(const std::string& k) {
+    try {
+      return j_.at(k).get<T>();
+    } catch (const json::exception&) {
+      RELPOS_FAIL(where_ << ": key '" << k << "' has the wrong type (" << j_.at(k).dump() << ")");
+    }
+  }
+  const json& j_;
+  std::string where_;
+  std::set<std::string> used_;
+};
+
+SelfAttnConfig read_self_attn(const json& j, SelfAttnConfig c, const std::string& where) {
+  Reader r(j, where);
+  c.heads = r.get("heads", c.heads);
+  c.qk_ratio = r.get("qk_ratio", c.qk_ratio);
+  c.pos = parse_pos_encoding(r.get("pos", to_string(c.pos)));
+  c.clip = r.get("clip", c.clip);
+  c.per_head = r.get("per_head", c.per_head);
+  c.scale_pos_embed = r.get("scale_pos_embed", c.scale_pos_embed);
+  r.done();
+  RELPOS_CHECK(c.heads >= 1 && c.qk_ratio > 0 && c.clip >= 0, where << ": heads, qk_ratio and clip must be positive");
+  return c;
+}
+
+SasaConfig read_sasa(const json& j, SasaConfig c, const std::string& where) {
+  Reader r(j, where);
+  c.heads = r.get("heads", c.heads);
+  c.kernel = r.get("kernel", c.kernel);
+  c.qk_ratio = r.get("qk_ratio", c.qk_ratio);
+  r.done();
+  RELPOS_CHECK(c.heads >= 1 && c.kernel >= 1 && c.kernel % 2 == 1 && c.qk_ratio > 0,
+               where << ": heads must be positive and kernel odd");
+  return c;
+}
+
+json self_attn_json(const SelfAttnConfig& c) {
+  return {{"heads", c.heads}, {"qk_ratio", c.qk_ratio}, {"pos", to_string(c.pos)}, {"clip", c.clip},
+          {"per_head", c.per_head}, {"scale_pos_embed", c.scale_pos_embed}};
+}
+json sasa_json(const SasaConfig& c) { return {{"heads", c.heads}, {"kernel", c.kernel}, {"qk_ratio", c.qk_ratio}}; }
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j) {
+  Reader r(j, "model config");
+  ModelConfig c;
+  c.name = r.get<std::string>("name", c.name);
+  c.in_chans = r.get("in_chans", c.in_chans);
+  c.num_classes = r.get("num_classes", c.num_classes);
+  const auto size = r.get<std::vector<int>>("input_size", {c.input_size[0], c.input_size[1]});
+  RELPOS_CHECK(size.size() == 2 && size[0] > 0 && size[1] > 0, "model config: input_size must be [height, width]");
+  c.input_size = {size[0], size[1]};
+  c.act = parse_act(r.get<std::string>("act", to_string(c.act)));
+  c.zero_init_last = r.get("zero_init_last", c.zero_init_last);
+  RELPOS_CHECK(c.in_chans > 0 && c.num_classes > 0, "model config: in_chans and num_classes must be positive");
+  if (r.has("self_attn")) c.self_attn = read_self_attn(r.raw("self_attn"), c.self_attn, "model config: self_attn");
+  if (r.has("sasa")) c.sasa = read_sasa(r.raw("sasa"), c.sasa, "model config: sasa");
+  {
+    Reader s(r.raw("stem"), "model config: stem");
+    c.stem.type = s.get<std::string>("type", c.stem.type);
+    c.stem.chs = s.need<int>("chs");
+    c.stem.kernel = s.get("kernel", c.stem.kernel);
+    c.stem.stride = s.get("stride", c.stem.stride);
+    c.stem.pool = s.get<std::string>("pool", c.stem.pool);
+    if (c.stem.pool == "none") c.stem.pool.clear();
+    s.done();
+    RELPOS_CHECK(c.stem.type == "tiered" || c.stem.type == "conv",
+                 "model config: stem type '" << c.stem.type << "' (expected tiered or conv)");
+    RELPOS_CHECK(c.stem.pool.empty() || c.stem.pool == "maxpool",
+                 "model config: stem pool '" << c.stem.pool << "' (expected maxpool or none)");
+    RELPOS_CHECK(c.stem.chs >= 8 && c.stem.kernel >= 1 && c.stem.stride >= 1, "model config: bad stem");
+  }
+  const json& stages = r.raw("stages");
+  RELPOS_CHECK(stages.is_array() && !stages.empty(), "model config: stages must be a non-empty array");
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const std::string where = "model config: stages[" + std::to_string(i) + "]";
+    Reader s(stages[i], where);
+    StageConfig st;
+    std::vector<std::string> types;
+    if (s.has("types")) {
+      types = s.need<std::vector<std::string>>("types");
+    } else {
+      const auto type = s.need<std::string>("type");
+      types.assign(static_cast<std::size_t>(s.get("depth", 1)), type);
+    }
+    RELPOS_CHECK(!types.empty(), where << ": a stage needs at least one block");
+    if (s.has("depth") && s.has("types"))
+      RELPOS_CHECK(s.get("depth", 0) == static_cast<int>(types.size()), where << ": depth does not match types");
+    const int chs = s.need<int>("chs");
+    const int stride = s.get("stride", 1);
+    const double br = s.get("br", 0.25);
+    const int gs = s.get("group_size", 0);
+    RELPOS_CHECK(chs > 0 && (stride == 1 || stride == 2) && br > 0 && gs >= 0,
+                 where << ": chs must be positive, stride 1 or 2, br positive");
+    st.self_attn = s.has("self_attn") ? read_self_attn(s.raw("self_attn"), c.self_attn, where + ".self_attn") : c.self_attn;
+    st.sasa = s.has("sasa") ? read_sasa(s.raw("sasa"), c.sasa, where + ".sasa") : c.sasa;
+    s.done();
+    for (std::size_t b = 0; b < types.size(); ++b) {
+      RELPOS_CHECK(types[b] == "bottle" || types[b] == "self_attn" || types[b] == "sasa",
+                   where << ": block type '" << types[b] << "' (expected bottle, self_attn or sasa)");
+      st.blocks.push_back({types[b], chs, b == 0 ? stride : 1, br, gs});
+    }
+    c.stages.push_back(std::move(st));
+  }
+  r.done();
+  return c;
+}
+
+json ModelConfig::to_json() const {
+  json j;
+  j["name"] = name;
+  j["in_chans"] = in_chans;
+  j["num_classes"] = num_classes;
+  j["input_size"] = {input_size[0], input_size[1]};
+  j["act"] = to_string(act);
+  j["zero_init_last"] = zero_init_last;
+  j["stem"] = {{"type", stem.type}, {"chs", stem.chs}, {"pool", stem.pool.empty() ? "none" : stem.pool}};
+  if (stem.type == "conv") j["stem"]["kernel"] = stem.kernel, j["stem"]["stride"] = stem.stride;
+  j["self_attn"] = self_attn_json(self_attn);
+  j["sasa"] = sasa_json(sasa);
+  json stages_j = json::array();
+  for (const auto& st : stages) {
+    json types = json::array();
+    for (const auto& b : st.blocks) types.push_back(b.type);
+    const BlockConfig& b0 = st.blocks.front();
+    json s = {{"types", types}, {"chs", b0.chs}, {"stride", b0.stride}, {"br", b0.br}};
+    if (b0.group_size) s["group_size"] = b0.group_size;
+    if (!(st.self_attn == self_attn)) s["self_attn"] = self_attn_json(st.self_attn);
+    if (!(st.sasa == sasa)) s["sasa"] = sasa_json(st.sasa);
+    stages_j.push_back(s);
+  }
+  j["stages"] = stages_j;
+  return j;
+}
+
+std::string models_dir() {
+  if (const char* env = std::getenv("RELPOS_MODELS")) return env;
+  namespace fs = std::filesystem;
+  if (fs::is_directory(RELPOS_MODELS_DIR)) return RELPOS_MODELS_DIR;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& p : {exe.parent_path().parent_path() / "models", exe.parent_path() / "models"})
+      if (fs::is_directory(p)) return p.string();
+  }
+  return "models";
+}
+
+ModelConfig ModelConfig::load(const std::string& path_or_name) {
+  namespace fs = std::filesystem;
+  std::string path = path_or_name;
+  if (!fs::exists(path)) {
+    const std::string shipped = models_dir() + "/" + path_or_name + ".json";
+    RELPOS_CHECK(fs::exists(shipped), "model config '" << path_or_name << "' is neither a file nor a config in "
+                                                       << models_dir());
+    path = shipped;
+  }
+  json j;
+  try {
+    j = json::parse(detail::read_file(path));
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
+  }
+  // A weights file carries its config inside.
+  if (j.is_object() && j.contains("config") && j.contains("tensors")) return from_json(j.at("config"));
+  try {
+    return from_json(j);
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+}
+
+bool ModelConfig::fixed_input_size() const {
+  for (const auto& st : stages)
+    for (const auto& b : st.blocks)
+      if (b.type == "self_attn" && (st.self_attn.pos == PosEncoding::Absolute ||
+                                    (st.self_attn.pos == PosEncoding::Relative && st.self_attn.clip == 0)))
+        return true;
+  return false;
+}
+
+}  // namespace relpos

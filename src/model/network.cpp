@@ -1,0 +1,199 @@
+#include "relpos/network.hpp"
+
+#include "layers/attention_layers.hpp"
+#include "layers/blocks.hpp"
+#include "layers/stem_and_head.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+struct Network::Impl {
+  ModelConfig config;
+  std::unique_ptr<Stem> stem;
+  std::vector<std::vector<std::unique_ptr<ResidualBlock>>> stages;
+  std::unique_ptr<ClassifierHead> head;
+  std::vector<ParamRef> params;
+  Device device = Device::CPU;
+  bool prepared = false;
+
+  std::unique_ptr<ResidualBlock> make_block(const BlockConfig& b, const StageConfig& st, int in, int feat_h,
+                                            int feat_w, const std::string& where) const {
+    if (b.type == "bottle") return std::make_unique<BottleneckBlock>(in, b.chs, b.stride, static_cast<float>(b.br),
+                                                                     b.group_size, config.act);
+    const int mid = make_divisible(b.chs * b.br);
+    if (b.type == "self_attn") {
+      const SelfAttnConfig& a = st.self_attn;
+      RELPOS_CHECK(mid % a.heads == 0, where << ": " << mid << " attention channels do not split into " << a.heads << " heads");
+      BotAttnSpec spec;
+      spec.heads = a.heads;
+      spec.dqk = make_divisible(mid * a.qk_ratio) / a.heads;
+      spec.dv = mid / a.heads;
+      spec.pos = a.pos;
+      spec.clip = a.clip;
+      spec.per_head = a.per_head;
+      spec.scale_pos_embed = a.scale_pos_embed;
+      auto attn = std::make_unique<BotAttention>(mid, spec, feat_h, feat_w, b.stride);
+      return std::make_unique<SelfAttnBlock>(in, mid, b.chs, b.stride, std::move(attn), config.act);
+    }
+    const SasaConfig& a = st.sasa;
+    RELPOS_CHECK(mid % a.heads == 0, where << ": " << mid << " attention channels do not split into " << a.heads << " heads");
+    SasaSpec spec;
+    spec.heads = a.heads;
+    spec.dqk = make_divisible(mid * a.qk_ratio) / a.heads;
+    spec.dv = mid / a.heads;
+    spec.kernel = a.kernel;
+    RELPOS_CHECK(spec.dqk % 2 == 0, where << ": local attention needs an even dqk per head, got " << spec.dqk);
+    auto attn = std::make_unique<SasaAttention>(mid, spec, b.stride);
+    return std::make_unique<SelfAttnBlock>(in, mid, b.chs, b.stride, std::move(attn), config.act);
+  }
+
+  void check_input(const Tensor& x, bool need_prepared = true) const {
+    RELPOS_CHECK(x.ndim() == 4 && x.dim(1) == config.in_chans,
+                 config.name << " takes (N, " << config.in_chans << ", H, W) input, got " << x.describe());
+    RELPOS_CHECK(x.device() == device, config.name << " is on " << to_string(device) << " but the input is on "
+                                                   << to_string(x.device()));
+    RELPOS_CHECK(x.dim(0) > 0, "empty batch");
+    if (config.fixed_input_size())
+      RELPOS_CHECK(x.dim(2) == config.input_size[0] && x.dim(3) == config.input_size[1],
+                   config.name << " takes " << config.input_size[0] << "x" << config.input_size[1]
+                               << " input (its position tables fix the feature size), got " << x.dim(2) << "x" << x.dim(3));
+    RELPOS_CHECK(prepared || !need_prepared, "internal: prepare_inference() was not called after the weights changed");
+  }
+};
+
+Network::Network(const ModelConfig& config, std::uint32_t seed) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.config = config;
+  m.stem = std::make_unique<Stem>(config.stem, config.in_chans, config.act);
+  int prev = m.stem->out_channels();
+  int feat_h = config.input_size[0] / m.stem->reduction(), feat_w = config.input_size[1] / m.stem->reduction();
+  for (std::size_t i = 0; i < config.stages.size(); ++i) {
+    const StageConfig& st = config.stages[i];
+    std::vector<std::unique_ptr<ResidualBlock>> blocks;
+    for (std::size_t j = 0; j < st.blocks.size(); ++j) {
+      const BlockConfig& b = st.blocks[j];
+      const std::string where = "stages." + std::to_string(i) + "." + std::to_string(j);
+      blocks.push_back(m.make_block(b, st, prev, feat_h, feat_w, where));
+      prev = b.chs;
+      if (b.stride > 1) feat_h /= b.stride, feat_w /= b.stride;
+    }
+    m.stages.push_back(std::move(blocks));
+  }
+  m.head = std::make_unique<ClassifierHead>(prev, config.num_classes);
+
+  m.stem->collect("stem.", m.params);
+  for (std::size_t i = 0; i < m.stages.size(); ++i)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j)
+      m.stages[i][j]->collect("stages." + std::to_string(i) + "." + std::to_string(j) + ".", m.params);
+  m.head->collect("head.", m.params);
+
+  Init init(seed);
+  m.stem->init(init);
+  for (auto& stage : m.stages)
+    for (auto& b : stage) b->init(init, config.zero_init_last);
+  m.head->init(init);
+  prepare_inference();
+}
+
+Network::~Network() = default;
+Network::Network(Network&&) noexcept = default;
+Network& Network::operator=(Network&&) noexcept = default;
+
+const ModelConfig& Network::config() const { return impl_->config; }
+const std::vector<ParamRef>& Network::params() const { return impl_->params; }
+
+const ParamRef* Network::find(const std::string& name) const {
+  for (const auto& p : impl_->params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::int64_t Network::num_params() const {
+  std::int64_t n = 0;
+  for (const auto& p : impl_->params)
+    if (p.grad) n += p.value->numel();
+  return n;
+}
+
+Device Network::device() const { return impl_->device; }
+
+void Network::to(Device device) {
+  if (device == impl_->device) return;
+  release_saved();
+  for (auto& p : impl_->params) {
+    *p.value = p.value->to(device);
+    if (p.grad) *p.grad = Tensor();
+  }
+  impl_->device = device;
+  prepare_inference();
+}
+
+void Network::prepare_inference() {
+  Impl& m = *impl_;
+  m.stem->prepare_inference();
+  for (auto& stage : m.stages)
+    for (auto& b : stage) b->prepare_inference();
+  m.head->prepare_inference();
+  m.prepared = true;
+}
+
+Tensor Network::infer(const Tensor& x) const {
+  const Impl& m = *impl_;
+  m.check_input(x);
+  Tensor h = m.stem->infer(x);
+  for (const auto& stage : m.stages)
+    for (const auto& b : stage) h = b->infer(h);
+  return m.head->infer(h);
+}
+
+std::vector<Tensor> Network::infer_features(const Tensor& x) const {
+  const Impl& m = *impl_;
+  m.check_input(x);
+  std::vector<Tensor> feats(1);
+  Tensor h = m.stem->infer(x, &feats[0]);
+  for (const auto& stage : m.stages) {
+    for (const auto& b : stage) h = b->infer(h);
+    feats.push_back(h);
+  }
+  return feats;
+}
+
+Tensor Network::forward(const Tensor& x) {
+  Impl& m = *impl_;
+  m.check_input(x, /*need_prepared=*/false);
+  m.prepared = false;  // the weights are about to change: infer() must be re-prepared
+  Tensor h = m.stem->forward(x);
+  for (auto& stage : m.stages)
+    for (auto& b : stage) h = b->forward(h);
+  return m.head->forward(h);
+}
+
+void Network::backward(const Tensor& dlogits) {
+  Impl& m = *impl_;
+  Tensor d = m.head->backward(dlogits);
+  for (auto s = m.stages.rbegin(); s != m.stages.rend(); ++s)
+    for (auto b = s->rbegin(); b != s->rend(); ++b) d = (*b)->backward(d);
+  m.stem->backward(d);
+}
+
+void Network::release_saved() {
+  Impl& m = *impl_;
+  m.stem->release_saved();
+  for (auto& stage : m.stages)
+    for (auto& b : stage) b->release_saved();
+  m.head->release_saved();
+}
+
+std::vector<LayerRow> Network::summarize(int batch) const {
+  const Impl& m = *impl_;
+  std::vector<LayerRow> rows;
+  Shape s{batch, m.config.in_chans, m.config.input_size[0], m.config.input_size[1]};
+  s = m.stem->summarize("stem.", s, &rows);
+  for (std::size_t i = 0; i < m.stages.size(); ++i)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j)
+      s = m.stages[i][j]->summarize("stages." + std::to_string(i) + "." + std::to_string(j) + ".", s, &rows);
+  m.head->summarize("head.", s, &rows);
+  return rows;
+}
+
+}  // namespace relpos
