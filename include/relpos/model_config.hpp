@@ -81,6 +81,8 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
   // A path to a JSON config, or the name of one shipped in models/ (e.g. "botnet26t_256").
+  // A config file may also carry "preprocess" and "labels" (read by Model::create), and a
+  // weights file's config is read too.
   static ModelConfig load(const std::string& path_or_name);
 
   // True when some attention layer has position tables sized for input_size (relative without
@@ -91,5 +93,7 @@ struct ModelConfig {
 // Where shipped models live: $RELPOS_MODELS, else the source tree's models/ folder, else
 // models/ next to the executable's parent folder.
 std::string models_dir();
+// The file a config argument names: the path itself, or models_dir()/<name>.json.
+std::string find_config(const std::string& path_or_name);
 
 }  // namespace relpos

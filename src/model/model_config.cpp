@@ -204,23 +204,28 @@ std::string models_dir() {
   return "models";
 }
 
-ModelConfig ModelConfig::load(const std::string& path_or_name) {
+std::string find_config(const std::string& path_or_name) {
   namespace fs = std::filesystem;
-  std::string path = path_or_name;
-  if (!fs::exists(path)) {
-    const std::string shipped = models_dir() + "/" + path_or_name + ".json";
-    RELPOS_CHECK(fs::exists(shipped), "model config '" << path_or_name << "' is neither a file nor a config in "
-                                                       << models_dir());
-    path = shipped;
-  }
+  if (fs::exists(path_or_name)) return path_or_name;
+  const std::string shipped = models_dir() + "/" + path_or_name + ".json";
+  RELPOS_CHECK(fs::exists(shipped), "model config '" << path_or_name << "' is neither a file nor a config in "
+                                                     << models_dir());
+  return shipped;
+}
+
+ModelConfig ModelConfig::load(const std::string& path_or_name) {
+  const std::string path = find_config(path_or_name);
   json j;
   try {
     j = json::parse(detail::read_file(path));
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
   }
+  RELPOS_CHECK(j.is_object(), path << ": a model config must be a JSON object");
   // A weights file carries its config inside.
-  if (j.is_object() && j.contains("config") && j.contains("tensors")) return from_json(j.at("config"));
+  if (j.contains("config") && j.contains("tensors")) j = j.at("config");
+  j.erase("preprocess");
+  j.erase("labels");
   try {
     return from_json(j);
   } catch (const Error& e) {

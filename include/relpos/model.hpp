@@ -1,0 +1,80 @@
+// relpos: a loaded model ready for a vision pipeline: network + class labels + preprocessing.
+//
+//   auto model = relpos::Model::load("models/botnet-fmnist.json");   // or a .safetensors file
+//   auto top5 = model.classify(cv::imread("shirt.png"));              // OpenCV in
+//   auto maps = model.features(image);                                // feature map per stage
+//
+// classify(), features() and logits() are const and may be called from many threads on one
+// loaded model at the same time.
+#pragma once
+
+#include <opencv2/core.hpp>
+#include <string>
+#include <vector>
+
+#include "relpos/network.hpp"
+#include "relpos/preprocess.hpp"
+
+namespace relpos {
+
+struct Prediction {
+  int index = 0;
+  std::string label;
+  float probability = 0.0f;
+  float logit = 0.0f;
+};
+
+struct LoadOptions {
+  // Architecture for a file that does not carry one (a timm .safetensors checkpoint): a config
+  // path or the name of a shipped config ("botnet26t_256").
+  std::string config;
+  Device device = Device::CPU;
+};
+
+enum class TensorEncoding { Base64, Numbers };
+
+class Model {
+ public:
+  // A relpos weights JSON file, or a safetensors file (written by relpos, or timm's with
+  // options.config). Throws relpos::Error naming the problem (unknown, missing or mis-shaped
+  // tensor, wrong format or version, ...).
+  static Model load(const std::string& path, const LoadOptions& options = {});
+  // A fresh model (random weights drawn with `seed`) from a config path or shipped name.
+  static Model create(const std::string& config, std::uint32_t seed = 0);
+  Model(Network network, std::vector<std::string> labels, Preprocess preprocess);
+
+  // The weights JSON of SPEC section 5 (written atomically).
+  void save_json(const std::string& path, TensorEncoding encoding = TensorEncoding::Base64) const;
+  // safetensors with timm's tensor names; config, labels and preprocessing in __metadata__.
+  void save_safetensors(const std::string& path) const;
+
+  std::vector<Prediction> classify(const cv::Mat& image, int topk = 5) const;
+  std::vector<std::vector<Prediction>> classify(const std::vector<cv::Mat>& images, int topk = 5) const;
+  // Feature maps (stem, then every stage), each (1, C, h, w) contiguous on the CPU.
+  std::vector<Tensor> features(const cv::Mat& image) const;
+  // Raw logits for a preprocessed batch (N, C, H, W).
+  Tensor logits(const Tensor& batch) const;
+  // Top-k predictions from logits (N, classes).
+  std::vector<std::vector<Prediction>> top_k(const Tensor& logits, int k) const;
+
+  Network& network() { return network_; }
+  const Network& network() const { return network_; }
+  const std::vector<std::string>& labels() const { return labels_; }
+  void set_labels(std::vector<std::string> labels);
+  const Preprocess& preprocess() const { return preprocess_; }
+  void set_preprocess(const Preprocess& p);
+  void to(Device device) { network_.to(device); }
+  Device device() const { return network_.device(); }
+
+ private:
+  Network network_;
+  std::vector<std::string> labels_;
+  Preprocess preprocess_;
+};
+
+// The default preprocessing for a config (ImageNet statistics, or 0.5/0.5 for one channel).
+Preprocess default_preprocess(const ModelConfig& config);
+// Reads class labels, one per line (blank lines ignored).
+std::vector<std::string> read_labels(const std::string& path);
+
+}  // namespace relpos

@@ -1,0 +1,289 @@
+// Loading and saving models: the relpos weights JSON (SPEC section 5) and safetensors files
+// (timm's, or relpos's own with the config, labels and preprocessing in __metadata__).
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "io/atomic_file.hpp"
+#include "io/base64.hpp"
+#include "relpos/error.hpp"
+#include "relpos/model.hpp"
+#include "relpos/safetensors.hpp"
+
+namespace relpos {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kFormat = "relpos-weights";
+constexpr int kVersion = 1;
+
+struct FileContents {
+  ModelConfig config;
+  std::vector<std::string> labels;
+  bool has_preprocess = false;
+  Preprocess preprocess;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
+std::vector<std::string> labels_from(const json& j, const std::string& where) {
+  RELPOS_CHECK(j.is_array(), where << ": labels must be an array of strings");
+  std::vector<std::string> out;
+  for (const auto& v : j) {
+    RELPOS_CHECK(v.is_string(), where << ": labels must be an array of strings");
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+Tensor tensor_from_json(const std::string& name, const json& t) {
+  RELPOS_CHECK(t.is_object() && t.contains("shape") && t.contains("data"),
+               "tensor '" << name << "' needs \"shape\" and \"data\"");
+  Shape shape;
+  for (const auto& d : t.at("shape")) {
+    RELPOS_CHECK(d.is_number_integer() && d.get<std::int64_t>() >= 0, "tensor '" << name << "' has a bad shape");
+    shape.push_back(d.get<std::int64_t>());
+  }
+  const std::string dtype = t.value("dtype", "float32");
+  RELPOS_CHECK(dtype == "float32", "tensor '" << name << "' has dtype '" << dtype << "' (relpos stores float32)");
+  Tensor out(shape);
+  const json& data = t.at("data");
+  if (data.is_string()) {
+    const std::string enc = t.value("encoding", "base64");
+    RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
+    std::vector<unsigned char> bytes;
+    try {
+      bytes = detail::base64_decode(data.get_ref<const std::string&>());
+    } catch (const Error& e) {
+      RELPOS_FAIL("tensor '" << name << "': " << e.what());
+    }
+    RELPOS_CHECK(bytes.size() == out.bytes(), "tensor '" << name << "' holds " << bytes.size() / 4 << " values but shape "
+                                                         << to_string(shape) << " needs " << out.numel());
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  } else {
+    RELPOS_CHECK(data.is_array(), "tensor '" << name << "': data must be base64 text or an array of numbers");
+    RELPOS_CHECK(static_cast<std::int64_t>(data.size()) == out.numel(),
+                 "tensor '" << name << "' holds " << data.size() << " values but shape " << to_string(shape) << " needs "
+                            << out.numel());
+    float* p = out.data();
+    for (const auto& v : data) {
+      RELPOS_CHECK(v.is_number(), "tensor '" << name << "' has a value that is not a number");
+      *p++ = static_cast<float>(v.get<double>());
+    }
+  }
+  return out;
+}
+
+FileContents read_json_weights(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(detail::read_file(path));
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
+  }
+  RELPOS_CHECK(j.is_object(), path << ": not a relpos weights file (not a JSON object)");
+  if (!j.contains("format")) {
+    RELPOS_CHECK(!j.contains("stages"), path << ": this is a model config without weights; create a model from it "
+                                                "(relpos train --config, or Model::create) or pass weights");
+    RELPOS_FAIL(path << ": not a relpos weights file (no \"format\" key)");
+  }
+  RELPOS_CHECK(j["format"].is_string() && j["format"] == kFormat,
+               path << ": not a relpos weights file (format " << j["format"].dump() << ", expected \"" << kFormat << "\")");
+  RELPOS_CHECK(j.contains("version") && j["version"].is_number_integer(), path << ": missing integer \"version\"");
+  const int version = j["version"].get<int>();
+  RELPOS_CHECK(version == kVersion, path << ": weights format version " << version
+                                         << " is not supported (this relpos reads version " << kVersion << ")");
+  FileContents fc;
+  RELPOS_CHECK(j.contains("config"), path << ": missing \"config\"");
+  try {
+    fc.config = ModelConfig::from_json(j["config"]);
+    if (j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
+    if (j.contains("preprocess")) {
+      fc.preprocess = Preprocess::from_json(j["preprocess"]);
+      fc.has_preprocess = true;
+    }
+    RELPOS_CHECK(j.contains("tensors") && j["tensors"].is_object(), "missing \"tensors\" object");
+    for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it)
+      fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value()));
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+  return fc;
+}
+
+FileContents read_safetensors_weights(const std::string& path, const LoadOptions& options) {
+  const SafetensorsFile f = SafetensorsFile::read(path);
+  FileContents fc;
+  const auto& meta = f.metadata();
+  try {
+    if (!options.config.empty()) {
+      fc.config = ModelConfig::load(options.config);
+    } else if (meta.count("relpos.config")) {
+      fc.config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
+    } else {
+      RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture with "
+                  "--config (a config file or a shipped name such as botnet26t_256)");
+    }
+    if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
+    if (meta.count("relpos.preprocess")) {
+      fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")));
+      fc.has_preprocess = true;
+    }
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": bad relpos metadata (" << e.what() << ")");
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+  for (const auto& e : f.entries()) fc.tensors.emplace_back(e.name, f.tensor(e.name));
+  return fc;
+}
+
+bool looks_like_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RELPOS_CHECK(in, "cannot open model file '" << path << "'");
+  char c;
+  while (in.get(c))
+    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  RELPOS_FAIL(path << ": empty file");
+}
+
+// Puts the tensors into the network, by name; every parameter and buffer must be given once.
+void assign(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) {
+  std::map<std::string, Tensor*> given;
+  for (auto& [name, t] : tensors) {
+    if (name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0) continue;
+    RELPOS_CHECK(given.emplace(name, &t).second, source << ": tensor '" << name << "' appears twice");
+  }
+  std::set<std::string> known;
+  std::vector<std::string> missing;
+  for (const ParamRef& p : net.params()) {
+    known.insert(p.name);
+    auto it = given.find(p.name);
+    if (it == given.end()) {
+      missing.push_back(p.name);
+      continue;
+    }
+    RELPOS_CHECK(it->second->shape() == p.value->shape(),
+                 source << ": tensor '" << p.name << "' has shape " << to_string(it->second->shape()) << " but "
+                        << net.config().name << " needs " << to_string(p.value->shape()));
+  }
+  if (!missing.empty())
+    RELPOS_FAIL(source << ": missing tensor '" << missing.front() << "'"
+                       << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string()));
+  for (const auto& [name, t] : given)
+    RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
+                                           << net.config().name << ")");
+  for (const ParamRef& p : net.params()) p.value->copy_from(*given.at(p.name));
+  net.prepare_inference();
+}
+
+json preprocess_or_default(const Model& m) { return m.preprocess().to_json(); }
+
+}  // namespace
+
+Preprocess default_preprocess(const ModelConfig& config) {
+  Preprocess p;
+  p.height = config.input_size[0];
+  p.width = config.input_size[1];
+  if (config.in_chans == 1) {
+    p.channels = "GRAY";
+    p.mean = {0.5f, 0.5f, 0.5f};
+    p.std = {0.5f, 0.5f, 0.5f};
+  }
+  return p;
+}
+
+std::vector<std::string> read_labels(const std::string& path) {
+  std::ifstream in(path);
+  RELPOS_CHECK(in, "cannot open labels file '" << path << "'");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty()) out.push_back(line);
+  }
+  RELPOS_CHECK(!out.empty(), path << ": no labels in the file");
+  return out;
+}
+
+Model Model::load(const std::string& path, const LoadOptions& options) {
+  FileContents fc = looks_like_json(path) ? read_json_weights(path) : read_safetensors_weights(path, options);
+  Network net(fc.config);
+  assign(net, fc.tensors, path);
+  Preprocess pre = fc.has_preprocess ? fc.preprocess : default_preprocess(fc.config);
+  if (!fc.has_preprocess && !options.config.empty()) {
+    // a shipped config may carry the preprocessing its weights were trained with
+    json j = json::parse(detail::read_file(find_config(options.config)));
+    if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"]);
+    if (fc.labels.empty() && j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
+  }
+  Model m(std::move(net), std::move(fc.labels), pre);
+  m.to(options.device);
+  return m;
+}
+
+Model Model::create(const std::string& config, std::uint32_t seed) {
+  const std::string path = find_config(config);
+  json j;
+  try {
+    j = json::parse(detail::read_file(path));
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
+  }
+  ModelConfig cfg = ModelConfig::load(path);
+  std::vector<std::string> labels;
+  Preprocess pre = default_preprocess(cfg);
+  if (j.contains("labels")) labels = labels_from(j["labels"], path);
+  if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"]);
+  return Model(Network(cfg, seed), std::move(labels), pre);
+}
+
+void Model::save_json(const std::string& path, TensorEncoding encoding) const {
+  ojson j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["config"] = network_.config().to_json();
+  j["labels"] = labels_;
+  j["preprocess"] = preprocess_or_default(*this);
+  ojson tensors = ojson::object();
+  for (const ParamRef& p : network_.params()) {
+    const Tensor t = p.value->to(Device::CPU).contiguous();
+    ojson e;
+    e["shape"] = t.shape();
+    e["dtype"] = "float32";
+    if (encoding == TensorEncoding::Base64) {
+      e["encoding"] = "base64";
+      e["data"] = detail::base64_encode(t.data(), t.bytes());
+    } else {
+      ojson values = ojson::array();
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        const float v = t.data()[i];
+        RELPOS_CHECK(std::isfinite(v), "tensor '" << p.name << "' holds " << v
+                                                  << ", which plain JSON numbers cannot store; save with base64");
+        values.push_back(static_cast<double>(v));
+      }
+      e["data"] = std::move(values);
+    }
+    tensors[p.name] = std::move(e);
+  }
+  j["tensors"] = std::move(tensors);
+  const std::string text = j.dump(encoding == TensorEncoding::Base64 ? -1 : 1);
+  detail::write_atomically(path, [&](std::ostream& out) { out << text << '\n'; });
+}
+
+void Model::save_safetensors(const std::string& path) const {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const ParamRef& p : network_.params()) tensors.emplace_back(p.name, *p.value);
+  write_safetensors(path, tensors,
+                    {{"format", "pt"},
+                     {"relpos.format", kFormat},
+                     {"relpos.config", network_.config().to_json().dump()},
+                     {"relpos.labels", json(labels_).dump()},
+                     {"relpos.preprocess", preprocess_.to_json().dump()}});
+}
+
+}  // namespace relpos

@@ -1,0 +1,85 @@
+// The C++ API a vision pipeline uses: OpenCV images in, predictions or feature maps out, one
+// loaded model shared by many threads.
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <thread>
+
+#include "relpos/error.hpp"
+#include "relpos/model.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+
+namespace {
+Model tiny() { return Model::create(test::source_dir() + "/models/tiny_botnet_96x64.json", 11); }
+cv::Mat sample(const std::string& name) {
+  cv::Mat m = cv::imread(test::source_dir() + "/samples/" + name, cv::IMREAD_UNCHANGED);
+  REQUIRE(!m.empty());
+  return m;
+}
+}  // namespace
+
+TEST_CASE("classify(cv::Mat) agrees with the network on the preprocessed batch") {
+  Model m = tiny();
+  const cv::Mat img = sample("coat_00006.png");
+  const auto preds = m.classify(img, 10);
+  REQUIRE(preds.size() == 10);
+  const Tensor logits = m.network().infer(make_batch({img}, m.preprocess()));
+  const auto v = logits.to_vector();
+  float psum = 0.0f;
+  for (const auto& p : preds) {
+    CHECK(p.logit == v[static_cast<std::size_t>(p.index)]);
+    psum += p.probability;
+  }
+  CHECK(psum == doctest::Approx(1.0f).epsilon(1e-5));
+  for (std::size_t i = 1; i < preds.size(); ++i) CHECK(preds[i - 1].logit >= preds[i].logit);
+}
+
+TEST_CASE("features() gives the stem map and every stage's map, like timm's features_only") {
+  Model m = tiny();
+  const auto maps = m.features(sample("bag_00018.png"));
+  REQUIRE(maps.size() == 5);
+  const std::vector<Shape> want = {{1, 16, 48, 32}, {1, 32, 24, 16}, {1, 64, 12, 8}, {1, 128, 6, 4}, {1, 256, 3, 2}};
+  for (std::size_t i = 0; i < maps.size(); ++i) {
+    CHECK(maps[i].shape() == want[i]);
+    CHECK(maps[i].layout() == Layout::Contiguous);
+  }
+}
+
+TEST_CASE("images of any depth and channel count go through the same preprocessing") {
+  Model m = tiny();
+  const cv::Mat gray = sample("bag_00018.png");
+  cv::Mat bgr, bgra, f32;
+  cv::cvtColor(gray, bgr, cv::COLOR_GRAY2BGR);
+  cv::cvtColor(gray, bgra, cv::COLOR_GRAY2BGRA);
+  const auto a = m.classify(gray, 1), b = m.classify(bgr, 1), c = m.classify(bgra, 1);
+  CHECK(a[0].logit == doctest::Approx(b[0].logit).epsilon(1e-5));
+  CHECK(b[0].logit == doctest::Approx(c[0].logit).epsilon(1e-5));
+  CHECK_THROWS_AS(m.classify(cv::Mat(), 1), Error);
+}
+
+TEST_CASE("concurrent classify() calls on one loaded model are safe and agree with serial calls") {
+  Model m = tiny();
+  const std::vector<std::string> names = {"bag_00018.png", "coat_00006.png", "sandal_00008.png", "trouser_00002.png"};
+  std::vector<cv::Mat> imgs;
+  for (const auto& n : names) imgs.push_back(sample(n));
+  std::vector<float> serial;
+  for (const auto& img : imgs) serial.push_back(m.classify(img, 1)[0].logit);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(8, 0);
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep)
+        for (std::size_t i = 0; i < imgs.size(); ++i) {
+          const std::size_t k = (i + static_cast<std::size_t>(t)) % imgs.size();
+          if (m.classify(imgs[k], 1)[0].logit != serial[k]) ++mismatches[static_cast<std::size_t>(t)];
+        }
+    });
+  for (auto& th : threads) th.join();
+  for (int x : mismatches) CHECK(x == 0);
+}
+
+TEST_CASE("without a GPU, asking for CUDA memory fails with a message, not a crash") {
+  if (cuda_available()) return;
+  CHECK_THROWS_WITH_AS(Tensor::zeros({1}, Device::CUDA), doctest::Contains("CUDA"), Error);
+}

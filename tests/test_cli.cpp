@@ -1,0 +1,137 @@
+// The relpos command line, run as a user runs it: output, exit status and bad input.
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <sstream>
+#include <sys/wait.h>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using relpos::test::TempDir;
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout and stderr together unless split
+};
+
+Run run(const std::string& args, bool stdout_only = false) {
+  const std::string cmd = std::string(RELPOS_CLI_PATH) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string samples() { return relpos::test::source_dir() + "/samples"; }
+std::string tiny() { return relpos::test::source_dir() + "/models/tiny_botnet_96x64.json"; }
+
+int count_lines(const std::string& s) {
+  std::istringstream in(s);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += !line.empty();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("classify prints top-k for every image of a folder and a timing summary") {
+  Run r = run("classify --model " + tiny() + " " + samples() + " --topk 3 --threads 2");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("bag_00018.png") != std::string::npos);
+  CHECK(r.out.find("30 images classified") != std::string::npos);
+  CHECK(r.out.find("img/s") != std::string::npos);
+}
+
+TEST_CASE("classify --json writes one parseable object per image") {
+  Run r = run("classify --model " + tiny() + " " + samples() + "/bag_00018.png " + samples() + "/sandal_00008.png --json -k 2",
+              true);
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(count_lines(r.out) == 2);
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j["predictions"].size() == 2);
+    CHECK(j["predictions"][0]["probability"].get<double>() >= j["predictions"][1]["probability"].get<double>());
+  }
+}
+
+TEST_CASE("a bad image is reported and skipped, the rest are classified, and the exit status is non-zero") {
+  TempDir dir;
+  std::ofstream(dir.file("notes.txt")) << "not an image";
+  std::ofstream(dir.file("broken.png")) << "\x89PNG\r\n\x1a\n garbage";
+  cv::imwrite(dir.file("good.png"), cv::imread(samples() + "/bag_00018.png"));
+  Run r = run("classify --model " + tiny() + " " + dir.file("notes.txt") + " " + dir.path + " " + dir.file("nope.png"));
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.out.find("skipped " + dir.file("notes.txt") + ": " + dir.file("notes.txt") + ": not a readable image") !=
+        std::string::npos);
+  CHECK(r.out.find("broken.png") != std::string::npos);
+  CHECK(r.out.find("nope.png: no such file or folder") != std::string::npos);
+  CHECK(r.out.find(dir.file("good.png") + "\n") != std::string::npos);
+  CHECK(r.out.find("1 image classified") != std::string::npos);
+  CHECK(r.out.find("3 failed") != std::string::npos);
+}
+
+TEST_CASE("an empty folder is an error, not a silent success") {
+  TempDir dir;
+  Run r = run("classify --model " + tiny() + " " + dir.path);
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK(r.out.find("folder holds no images") != std::string::npos);
+}
+
+TEST_CASE("bad model files and options fail with a message and status 1, never a crash") {
+  TempDir dir;
+  std::ofstream(dir.file("junk.json")) << "{\"format\": \"relpos-weights\", \"version\": 7}";
+  Run r = run("classify --model " + dir.file("junk.json") + " " + samples());
+  CHECK(r.status == 1);
+  CHECK(r.out.find("version 7 is not supported") != std::string::npos);
+  std::ofstream(dir.file("labels.txt")) << "one\ntwo\n";
+  r = run("classify --model " + tiny() + " --labels " + dir.file("labels.txt") + " " + samples());
+  CHECK(r.status == 1);
+  CHECK(r.out.find("2 labels for a model with 10 classes") != std::string::npos);
+  r = run("classify --model " + tiny() + " --width 50 " + samples());
+  CHECK(r.status != 0);
+  CHECK(r.out.find("takes 96x64 input") != std::string::npos);
+}
+
+TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predictions; labels and overrides stick") {
+  TempDir dir;
+  std::ofstream lab(dir.file("labels.txt"));
+  for (int i = 0; i < 10; ++i) lab << "label" << i << "\n";
+  lab.close();
+  REQUIRE(run("convert " + tiny() + " " + dir.file("a.json") + " --labels " + dir.file("labels.txt") + " --bgr").status == 0);
+  REQUIRE(run("convert " + dir.file("a.json") + " " + dir.file("b.safetensors")).status == 0);
+  REQUIRE(run("convert " + dir.file("b.safetensors") + " " + dir.file("c.json") + " --numbers").status == 0);
+  const std::string img = samples() + "/coat_00006.png";
+  const Run a = run("classify --json -m " + dir.file("a.json") + " " + img, true);
+  const Run c = run("classify --json -m " + dir.file("c.json") + " " + img, true);
+  CHECK(a.status == 0);
+  CHECK(a.out == c.out);
+  CHECK(a.out.find("label") != std::string::npos);
+  const Run i = run("info " + dir.file("c.json") + " --no-layers");
+  CHECK(i.out.find("BGR") != std::string::npos);
+}
+
+TEST_CASE("info lists layers with parameters and multiply-adds") {
+  Run r = run("info botnet26t_256");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("stages.3.1.self_attn") != std::string::npos);
+  CHECK(r.out.find("total: 12.49 M parameters, 3.30 GMACs per image") != std::string::npos);
+}

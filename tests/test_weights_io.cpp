@@ -1,0 +1,272 @@
+// Weights files: bit-exact round trips of JSON (base64 and plain numbers) and safetensors, timm
+// checkpoints by name, and malformed files failing with a message that names the problem.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.hpp"
+#include "relpos/error.hpp"
+#include "relpos/model.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+using nlohmann::json;
+
+namespace {
+
+std::string tiny_config() { return test::source_dir() + "/models/tiny_botnet_96x64.json"; }
+
+Model tiny_model(std::uint32_t seed = 7) {
+  Model m = Model::create(tiny_config(), seed);
+  // Make the running statistics non-trivial too, and plant awkward floats.
+  for (const ParamRef& p : m.network().params()) {
+    auto v = p.value->to_vector();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] += 0.001f * static_cast<float>(i % 17);
+    p.value->copy_from(Tensor::from_vector(p.value->shape(), v));
+  }
+  return m;
+}
+
+void check_bit_exact(const Model& a, const Model& b) {
+  REQUIRE(a.network().params().size() == b.network().params().size());
+  for (std::size_t i = 0; i < a.network().params().size(); ++i) {
+    const ParamRef& pa = a.network().params()[i];
+    const ParamRef* pb = b.network().find(pa.name);
+    REQUIRE_MESSAGE(pb != nullptr, pa.name);
+    const auto va = pa.value->to_vector(), vb = pb->value->to_vector();
+    REQUIRE(va.size() == vb.size());
+    CHECK_MESSAGE(std::memcmp(va.data(), vb.data(), va.size() * 4) == 0, pa.name << " differs");
+  }
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+json read_json(const std::string& path) { return json::parse(detail::read_file(path)); }
+
+}  // namespace
+
+TEST_CASE("JSON weights round-trip bit for bit, base64 and plain numbers") {
+  test::TempDir dir;
+  Model m = tiny_model();
+  m.set_labels({"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"});
+  // values that text formats get wrong: -0, denormals, the largest float, 1/3
+  const ParamRef* fc = m.network().find("head.fc.bias");
+  REQUIRE(fc);
+  fc->value->copy_from(Tensor::from_vector({10}, {-0.0f, std::numeric_limits<float>::denorm_min(), 1e-40f,
+                                                   std::numeric_limits<float>::max(), 1.0f / 3.0f, -2.5e-8f, 7.0f,
+                                                   0.1f, 123456.789f, -1e30f}));
+  for (TensorEncoding enc : {TensorEncoding::Base64, TensorEncoding::Numbers}) {
+    const std::string path = dir.file(enc == TensorEncoding::Base64 ? "m64.json" : "mnum.json");
+    m.save_json(path, enc);
+    Model back = Model::load(path);
+    check_bit_exact(m, back);
+    CHECK(back.labels() == m.labels());
+    CHECK(back.network().config().to_json() == m.network().config().to_json());
+    CHECK(back.preprocess().to_json() == m.preprocess().to_json());
+    const json j = read_json(path);
+    CHECK(j["format"] == "relpos-weights");
+    CHECK(j["version"] == 1);
+    CHECK(j["tensors"]["head.fc.bias"]["shape"] == json::array({10}));
+  }
+}
+
+TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse them") {
+  test::TempDir dir;
+  Model m = tiny_model();
+  const ParamRef* b = m.network().find("head.fc.bias");
+  std::vector<float> v(10, 1.0f);
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = -std::numeric_limits<float>::infinity();
+  b->value->copy_from(Tensor::from_vector({10}, v));
+  m.save_json(dir.file("nan.json"));
+  check_bit_exact(m, Model::load(dir.file("nan.json")));
+  CHECK_THROWS_WITH_AS(m.save_json(dir.file("nan2.json"), TensorEncoding::Numbers),
+                       doctest::Contains("head.fc.bias"), Error);
+}
+
+TEST_CASE("safetensors round-trip bit for bit and carry config, labels and preprocessing") {
+  test::TempDir dir;
+  Model m = tiny_model(3);
+  m.save_safetensors(dir.file("m.safetensors"));
+  Model back = Model::load(dir.file("m.safetensors"));
+  check_bit_exact(m, back);
+  CHECK(back.preprocess().to_json() == m.preprocess().to_json());
+  // JSON -> safetensors -> JSON is lossless too
+  back.save_json(dir.file("m.json"));
+  check_bit_exact(m, Model::load(dir.file("m.json")));
+}
+
+TEST_CASE("a timm checkpoint loads by timm names with --config; F16 and BF16 are converted") {
+  test::TempDir dir;
+  auto g = test::golden("tiny_botnet_96x64");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : g.entries())
+    if (e.name.rfind("param.", 0) == 0) tensors.emplace_back(e.name.substr(6), g.tensor(e.name));
+  tensors.emplace_back("stem.conv1.bn.num_batches_tracked", Tensor::zeros({}));  // timm has these; ignored
+  write_safetensors(dir.file("timm.safetensors"), tensors, {{"format", "pt"}});
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("timm.safetensors")), doctest::Contains("--config"), Error);
+  LoadOptions opt;
+  opt.config = tiny_config();
+  Model m = Model::load(dir.file("timm.safetensors"), opt);
+  const ParamRef* w = m.network().find("stages.2.1.self_attn.pos_embed.height_rel");
+  REQUIRE(w);
+  CHECK(test::max_abs_diff(*w->value, g.tensor("param.stages.2.1.self_attn.pos_embed.height_rel")) == 0.0f);
+
+  // Half-precision files: hand-written F16 / BF16 entries of known values.
+  const std::uint16_t f16[4] = {0x3c00, 0xc000, 0x3555, 0x0001};   // 1, -2, ~1/3, smallest subnormal
+  const std::uint16_t bf16[4] = {0x3f80, 0xc000, 0x3eab, 0x0000};  // 1, -2, ~1/3, 0
+  std::string header = R"({"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}})";
+  std::string bytes(8, '\0');
+  const std::uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(f16), 8);
+  bytes.append(reinterpret_cast<const char*>(bf16), 8);
+  write_text(dir.file("half.safetensors"), bytes);
+  auto f = SafetensorsFile::read(dir.file("half.safetensors"));
+  const auto a = f.tensor("a").to_vector(), b = f.tensor("b").to_vector();
+  CHECK(a[0] == 1.0f);
+  CHECK(a[1] == -2.0f);
+  CHECK(a[2] == doctest::Approx(1.0f / 3.0f).epsilon(1e-3));
+  CHECK(a[3] == doctest::Approx(5.960464477539063e-08f));
+  CHECK(b[0] == 1.0f);
+  CHECK(b[1] == -2.0f);
+  CHECK(b[2] == doctest::Approx(1.0f / 3.0f).epsilon(1e-2));
+  CHECK(f.tensor("b").shape() == Shape{2, 2});
+}
+
+TEST_CASE("malformed safetensors files fail with a message naming the problem") {
+  test::TempDir dir;
+  Model m = tiny_model();
+  m.save_safetensors(dir.file("ok.safetensors"));
+  const std::string good = detail::read_file(dir.file("ok.safetensors"));
+
+  write_text(dir.file("short"), std::string("abc"));
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("short")), doctest::Contains("shorter than the 8-byte header length"), Error);
+
+  std::string truncated_header = good.substr(0, 100);
+  write_text(dir.file("trunc_header"), truncated_header);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc_header")), doctest::Contains("truncated safetensors file"), Error);
+
+  std::string oversized = good;
+  const std::uint64_t huge = 1ull << 40;
+  std::memcpy(oversized.data(), &huge, 8);
+  write_text(dir.file("oversized"), oversized);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("oversized")), doctest::Contains("larger than the 100 MiB limit"), Error);
+
+  write_text(dir.file("trunc_data"), good.substr(0, good.size() - 100));
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc_data")), doctest::Contains("outside the"), Error);
+
+  std::string badjson = good;
+  badjson[8] = '#';
+  write_text(dir.file("badjson"), badjson);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("badjson")), doctest::Contains("not valid JSON"), Error);
+
+  // wrong shape / unknown / missing tensors
+  auto g = SafetensorsFile::read(dir.file("ok.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& e : g.entries()) ts.emplace_back(e.name, g.tensor(e.name));
+  auto meta = g.metadata();
+  {
+    auto bad = ts;
+    bad[0].second = Tensor::zeros({1, 2, 3});
+    write_safetensors(dir.file("shape.safetensors"), bad, meta);
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("shape.safetensors")),
+                         doctest::Contains(("tensor '" + ts[0].first + "' has shape [1, 2, 3]").c_str()), Error);
+  }
+  {
+    auto bad = ts;
+    bad.emplace_back("stages.9.extra.weight", Tensor::zeros({2}));
+    write_safetensors(dir.file("unknown.safetensors"), bad, meta);
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("unknown.safetensors")),
+                         doctest::Contains("unknown tensor 'stages.9.extra.weight'"), Error);
+  }
+  {
+    auto bad = ts;
+    const std::string gone = bad.back().first;
+    bad.pop_back();
+    write_safetensors(dir.file("missing.safetensors"), bad, meta);
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("missing.safetensors")), doctest::Contains(("missing tensor '" + gone + "'").c_str()),
+                         Error);
+  }
+  // a byte range that disagrees with the shape
+  std::string header = R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})";
+  std::string bytes(8, '\0');
+  const std::uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  write_text(dir.file("size.safetensors"), bytes + header + std::string(8, '\0'));
+  CHECK_THROWS_WITH_AS(SafetensorsFile::read(dir.file("size.safetensors")), doctest::Contains("tensor 'x': shape [3]"), Error);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("nonexistent.safetensors")), doctest::Contains("cannot open"), Error);
+}
+
+TEST_CASE("malformed JSON weights fail with a message naming the problem") {
+  test::TempDir dir;
+  Model m = tiny_model();
+  m.save_json(dir.file("ok.json"), TensorEncoding::Base64);
+  const json good = read_json(dir.file("ok.json"));
+  auto expect = [&](const json& j, const std::string& needle) {
+    write_text(dir.file("bad.json"), j.dump());
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("bad.json")), doctest::Contains(needle.c_str()), Error);
+  };
+  {
+    json j = good;
+    j["version"] = 2;
+    expect(j, "version 2 is not supported");
+  }
+  {
+    json j = good;
+    j["format"] = "onnx";
+    expect(j, "not a relpos weights file");
+  }
+  {
+    json j = good;
+    j["tensors"]["head.fc.weight"]["shape"] = {256, 10};
+    expect(j, "tensor 'head.fc.weight' has shape [256, 10] but tiny_botnet_96x64 needs [10, 256]");
+  }
+  {
+    json j = good;
+    j["tensors"]["head.fc.weight"]["shape"] = {10, 128};
+    expect(j, "holds 2560 values");
+  }
+  {
+    json j = good;
+    j["tensors"]["head.fc.extra"] = j["tensors"]["head.fc.bias"];
+    expect(j, "unknown tensor 'head.fc.extra'");
+  }
+  {
+    json j = good;
+    j["tensors"].erase("stem.conv2.bn.running_var");
+    expect(j, "missing tensor 'stem.conv2.bn.running_var'");
+  }
+  {
+    json j = good;
+    j["tensors"]["head.fc.bias"]["data"] = "@@@@";
+    expect(j, "invalid base64");
+  }
+  {
+    json j = good;
+    j["config"]["stages"][0]["chs"] = "many";
+    expect(j, "wrong type");
+  }
+  write_text(dir.file("trunc.json"), detail::read_file(dir.file("ok.json")).substr(0, 5000));
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc.json")), doctest::Contains("not valid JSON"), Error);
+  CHECK_THROWS_WITH_AS(Model::load(tiny_config()), doctest::Contains("model config without weights"), Error);
+}
+
+TEST_CASE("model configs reject unknown keys and impossible values") {
+  json j = json::parse(detail::read_file(tiny_config()));
+  j["stagse"] = 1;
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("unknown key 'stagse'"), Error);
+  j = json::parse(detail::read_file(tiny_config()));
+  j["stages"][3]["type"] = "transformer";
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("block type 'transformer'"), Error);
+  j = json::parse(detail::read_file(tiny_config()));
+  j["self_attn"]["pos"] = "rotary";
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("unknown position encoding 'rotary'"), Error);
+  const ModelConfig c = ModelConfig::load("tiny_botnet_96x64");
+  CHECK(ModelConfig::from_json(c.to_json()).to_json() == c.to_json());
+}

@@ -1,0 +1,65 @@
+// relpos info: layers, parameters and multiply-adds of a model.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.hpp"
+
+namespace relpos::cli {
+
+namespace {
+struct InfoArgs {
+  ModelOptions model;
+  int batch = 1;
+  bool layers = true;
+};
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  for (std::size_t i = 1; i < s.size(); ++i) os << (i > 1 ? "x" : "") << s[i];
+  return os.str();
+}
+
+void run(const InfoArgs& a) {
+  Model model = a.model.load();
+  const Network& net = model.network();
+  const ModelConfig& c = net.config();
+  const auto rows = net.summarize(a.batch);
+  std::int64_t params = 0, macs = 0;
+  for (const auto& r : rows) params += r.params, macs += r.macs;
+  std::cout << c.name << ": " << c.in_chans << "x" << c.input_size[0] << "x" << c.input_size[1] << " -> "
+            << c.num_classes << " classes" << (c.fixed_input_size() ? " (fixed input size)" : " (any input size)")
+            << "\n";
+  if (a.layers) {
+    std::cout << std::left << std::setw(40) << "layer" << std::setw(34) << "kind" << std::setw(16) << "output"
+              << std::right << std::setw(12) << "params" << std::setw(12) << "MMACs" << "\n";
+    for (const auto& r : rows)
+      std::cout << std::left << std::setw(40) << r.name << std::setw(34) << r.kind << std::setw(16)
+                << shape_str(r.out_shape) << std::right << std::setw(12) << r.params << std::setw(12) << std::fixed
+                << std::setprecision(2) << static_cast<double>(r.macs) / 1e6 << "\n";
+  }
+  std::cout << std::fixed << std::setprecision(2) << "total: " << static_cast<double>(net.num_params()) / 1e6
+            << " M parameters, " << static_cast<double>(macs) / 1e9 / a.batch << " GMACs per image\n";
+  std::cout << "preprocessing: " << model.preprocess().describe() << "\n";
+  std::cout << "labels: ";
+  if (model.labels().empty()) {
+    std::cout << "none (classes print as 'class N')\n";
+  } else {
+    for (std::size_t i = 0; i < model.labels().size() && i < 10; ++i) std::cout << (i ? ", " : "") << model.labels()[i];
+    std::cout << (model.labels().size() > 10 ? ", ..." : "") << "\n";
+  }
+}
+}  // namespace
+
+void register_info(CLI::App& app) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* sub = app.add_subcommand("info", "Show a model's layers, parameters and multiply-adds");
+  sub->add_option("model", args->model.model, "Weights file, model config or shipped config name")->required();
+  sub->add_option("--config", args->model.config, "Architecture for a timm .safetensors file");
+  sub->add_option("--batch", args->batch, "Batch size for the multiply-add count")->check(CLI::PositiveNumber);
+  sub->add_flag("!--no-layers", args->layers, "Only print the totals");
+  sub->callback([args] { run(*args); });
+}
+
+}  // namespace relpos::cli
