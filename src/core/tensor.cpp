@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/caching_allocator.hpp"
 #include "core/device_memory.hpp"
 #include "relpos/error.hpp"
 
@@ -35,9 +36,9 @@ std::int64_t numel_of(const Shape& s) {
 }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  const std::size_t padded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  const std::size_t padded = std::max<std::size_t>(64, bytes);
   if (device == Device::CPU) {
-    data_ = std::aligned_alloc(64, padded);
+    data_ = detail::host_allocator().allocate(padded);
     RELPOS_CHECK(data_ != nullptr, "out of host memory allocating " << bytes << " bytes");
   } else {
     data_ = detail::cuda_alloc(padded);
@@ -45,10 +46,10 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
 }
 
 Storage::~Storage() {
+  const std::size_t padded = std::max<std::size_t>(64, bytes_);
   if (device_ == Device::CPU) {
-    std::free(data_);
+    detail::host_allocator().release(data_, padded);
   } else {
-    const std::size_t padded = std::max<std::size_t>(64, (bytes_ + 63) / 64 * 64);
     detail::cuda_free(data_, padded);
   }
 }

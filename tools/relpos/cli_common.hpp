@@ -44,6 +44,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, s
 void register_classify(CLI::App& app);
 void register_info(CLI::App& app);
 void register_convert(CLI::App& app);
+void register_bench(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 

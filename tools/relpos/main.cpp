@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   relpos::cli::register_train(app);
   relpos::cli::register_info(app);
   relpos::cli::register_convert(app);
+  relpos::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,88 @@
+#include "core/caching_allocator.hpp"
+
+#include <cstdlib>
+
+#include "relpos/error.hpp"
+
+namespace relpos::detail {
+
+CachingAllocator::CachingAllocator(RawAlloc alloc, RawFree free, std::size_t min_cached, std::size_t max_cached)
+    : raw_alloc_(std::move(alloc)), raw_free_(std::move(free)), min_cached_(min_cached), max_cached_(max_cached) {}
+
+CachingAllocator::~CachingAllocator() { empty_cache(); }
+
+std::size_t CachingAllocator::size_class(std::size_t bytes) {
+  if (bytes <= 4096) return (bytes + 63) / 64 * 64;
+  std::size_t p = 4096;
+  while (p * 2 < bytes) p *= 2;
+  const std::size_t step = p / 4;  // p < bytes <= 2p: classes p + step, ..., 2p
+  return (bytes + step - 1) / step * step;
+}
+
+void* CachingAllocator::allocate(std::size_t bytes) {
+  const std::size_t cls = size_class(bytes);
+  if (cls >= min_cached_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(cls);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      idle_ -= cls;
+      return p;
+    }
+  }
+  void* p = raw_alloc_(cls);
+  if (!p && cls >= min_cached_) {  // out of memory: give the cache back and try once more
+    empty_cache();
+    p = raw_alloc_(cls);
+  }
+  return p;
+}
+
+void CachingAllocator::release(void* p, std::size_t bytes) {
+  if (!p) return;
+  const std::size_t cls = size_class(bytes);
+  if (cls < min_cached_ || cls > max_cached_) {
+    raw_free_(p);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_[cls].push_back(p);
+  idle_ += cls;
+  if (idle_ > max_cached_) trim_locked(max_cached_ / 2);
+}
+
+void CachingAllocator::trim_locked(std::size_t target) {
+  // Largest blocks first: they are the costly ones to hold.
+  for (auto it = free_.rbegin(); it != free_.rend() && idle_ > target; ++it)
+    while (!it->second.empty() && idle_ > target) {
+      raw_free_(it->second.back());
+      it->second.pop_back();
+      idle_ -= it->first;
+    }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trim_locked(0);
+  free_.clear();
+}
+
+std::size_t CachingAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_;
+}
+
+CachingAllocator& host_allocator() {
+  // Blocks of 256 KiB and more are cached (smaller ones come from malloc's own arenas quickly);
+  // up to RELPOS_HOST_CACHE_MB (default 4096) MiB stay idle.
+  static CachingAllocator a([](std::size_t n) { return std::aligned_alloc(64, n); }, [](void* p) { std::free(p); },
+                            256 << 10,
+                            static_cast<std::size_t>(std::getenv("RELPOS_HOST_CACHE_MB")
+                                                         ? std::atol(std::getenv("RELPOS_HOST_CACHE_MB"))
+                                                         : 4096)
+                                << 20);
+  return a;
+}
+
+}  // namespace relpos::detail
