@@ -1,0 +1,256 @@
+// Every BoTNet attention option (clip, per-head tables, absolute / no positions, scale_pos_embed)
+// and SASA windows, against a plain-loop double-precision reference of SPEC sections 1 and 2:
+// forward values, and gradients against central differences of that reference.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "relpos/attention_ops.hpp"
+#include "relpos/error.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+
+namespace {
+
+using Vec = std::vector<double>;
+
+Tensor to_t(const Shape& s, const Vec& v) { return Tensor::from_vector(s, std::vector<float>(v.begin(), v.end())); }
+
+int clampi(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
+
+// qkv given in logical NCHW order; returns out (B, heads*dv, H, W) in NCHW order.
+Vec ref_bot(const Vec& qkv, const Vec& ph, const Vec& pw, const BotAttnSpec& sp, int B, int H, int W) {
+  const int N = H * W, Ct = sp.channels_qkv(), Co = sp.channels_out(), d = sp.dqk;
+  const double s = 1.0 / std::sqrt(static_cast<double>(d));
+  const double a = sp.scale_pos_embed ? s : 1.0;
+  const int kh = sp.clip > 0 ? sp.clip : H - 1, kw = sp.clip > 0 ? sp.clip : W - 1;
+  const int th = sp.pos == PosEncoding::Absolute ? N : 2 * kh + 1, tw = 2 * kw + 1;
+  auto at = [&](int b, int c, int p) { return qkv[(static_cast<std::size_t>(b) * Ct + c) * N + p]; };
+  Vec out(static_cast<std::size_t>(B) * Co * N, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < sp.heads; ++h)
+      for (int i = 0; i < N; ++i) {
+        Vec logit(static_cast<std::size_t>(N));
+        for (int j = 0; j < N; ++j) {
+          double qk = 0.0, pos = 0.0;
+          const int ry = clampi(j / W - i / W, -kh, kh) + kh, rx = clampi(j % W - i % W, -kw, kw) + kw;
+          for (int c = 0; c < d; ++c) {
+            const double q = at(b, h * d + c, i);
+            qk += q * at(b, sp.heads * d + h * d + c, j);
+            const std::size_t hoff = sp.per_head ? static_cast<std::size_t>(h) * th * d : 0;
+            const std::size_t woff = sp.per_head ? static_cast<std::size_t>(h) * tw * d : 0;
+            if (sp.pos == PosEncoding::Relative)
+              pos += q * (ph[hoff + static_cast<std::size_t>(ry) * d + c] + pw[woff + static_cast<std::size_t>(rx) * d + c]);
+            else if (sp.pos == PosEncoding::Absolute)
+              pos += q * ph[hoff + static_cast<std::size_t>(j) * d + c];
+          }
+          logit[static_cast<std::size_t>(j)] = s * qk + a * pos;
+        }
+        double m = logit[0], sum = 0.0;
+        for (double l : logit) m = std::max(m, l);
+        for (double& l : logit) sum += (l = std::exp(l - m));
+        for (int c = 0; c < sp.dv; ++c) {
+          double o = 0.0;
+          for (int j = 0; j < N; ++j)
+            o += logit[static_cast<std::size_t>(j)] / sum * at(b, 2 * sp.heads * d + h * sp.dv + c, j);
+          out[(static_cast<std::size_t>(b) * Co + h * sp.dv + c) * N + i] = o;
+        }
+      }
+  return out;
+}
+
+Vec ref_sasa(const Vec& qkv, const Vec& rr, const Vec& rc, const SasaSpec& sp, int B, int H, int W) {
+  const int N = H * W, Ct = sp.channels_qkv(), Co = sp.channels_out(), d = sp.dqk, half = d / 2, r = sp.kernel / 2;
+  const double s = 1.0 / std::sqrt(static_cast<double>(d));
+  auto at = [&](int b, int c, int p) { return qkv[(static_cast<std::size_t>(b) * Ct + c) * N + p]; };
+  Vec out(static_cast<std::size_t>(B) * Co * N, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < sp.heads; ++h)
+      for (int i = 0; i < N; ++i) {
+        std::vector<std::pair<int, double>> win;  // key, logit
+        for (int dy = -r; dy <= r; ++dy)
+          for (int dx = -r; dx <= r; ++dx) {
+            const int y = i / W + dy, x = i % W + dx;
+            if (y < 0 || y >= H || x < 0 || x >= W) continue;
+            const int j = y * W + x;
+            double l = 0.0, pr = 0.0, pc = 0.0;
+            for (int c = 0; c < d; ++c) l += at(b, h * d + c, i) * at(b, sp.heads * d + h * d + c, j);
+            for (int c = 0; c < half; ++c) {
+              pr += at(b, h * d + c, i) * rr[static_cast<std::size_t>(dy + r) * half + c];
+              pc += at(b, h * d + half + c, i) * rc[static_cast<std::size_t>(dx + r) * half + c];
+            }
+            win.emplace_back(j, s * l + pr + pc);
+          }
+        double m = -1e300, sum = 0.0;
+        for (auto& w : win) m = std::max(m, w.second);
+        for (auto& w : win) sum += (w.second = std::exp(w.second - m));
+        for (int c = 0; c < sp.dv; ++c) {
+          double o = 0.0;
+          for (auto& w : win) o += w.second / sum * at(b, 2 * sp.heads * d + h * sp.dv + c, w.first);
+          out[(static_cast<std::size_t>(b) * Co + h * sp.dv + c) * N + i] = o;
+        }
+      }
+  return out;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// d/dx of <f(x), g> by central differences, for every element of x.
+Vec numeric_grad(const std::function<Vec(const Vec&)>& f, Vec x, const Vec& g) {
+  Vec out(x.size());
+  const double eps = 1e-5;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = dot(f(x), g);
+    x[i] = keep - eps;
+    const double down = dot(f(x), g);
+    x[i] = keep;
+    out[i] = (up - down) / (2 * eps);
+  }
+  return out;
+}
+
+void check_vec(const Tensor& got, const Vec& ref, double rel, const std::string& what) {
+  const auto g = got.to_vector();
+  REQUIRE(g.size() == ref.size());
+  double m = 0.0, diff = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    m = std::max(m, std::fabs(ref[i]));
+    diff = std::max(diff, std::fabs(g[i] - ref[i]));
+  }
+  INFO(what << ": max |diff| " << diff << ", max |ref| " << m);
+  CHECK(diff <= rel * std::max(m, 1e-3));
+}
+
+Vec random_vec(std::size_t n, std::mt19937& rng, double scale) {
+  std::normal_distribution<double> d(0.0, scale);
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(d(rng));  // exactly representable in float
+  return v;
+}
+
+void check_bot(BotAttnSpec sp, int B, int H, int W, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int kh = sp.clip > 0 ? sp.clip : H - 1, kw = sp.clip > 0 ? sp.clip : W - 1;
+  const Shape qkv_shape{B, sp.channels_qkv(), H, W};
+  Shape hs, ws{1};
+  if (sp.pos == PosEncoding::Relative) {
+    hs = sp.per_head ? Shape{sp.heads, 2 * kh + 1, sp.dqk} : Shape{2 * kh + 1, sp.dqk};
+    ws = sp.per_head ? Shape{sp.heads, 2 * kw + 1, sp.dqk} : Shape{2 * kw + 1, sp.dqk};
+  } else if (sp.pos == PosEncoding::Absolute) {
+    hs = sp.per_head ? Shape{sp.heads, H * W, sp.dqk} : Shape{H * W, sp.dqk};
+  } else {
+    hs = {1};
+  }
+  const Vec qkv = random_vec(static_cast<std::size_t>(numel_of(qkv_shape)), rng, 1.0);
+  const Vec ph = random_vec(static_cast<std::size_t>(numel_of(hs)), rng, 0.5);
+  const Vec pw = random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.5);
+  const Shape out_shape{B, sp.channels_out(), H, W};
+  const Vec g = random_vec(static_cast<std::size_t>(numel_of(out_shape)), rng, 1.0);
+
+  const Tensor tq = to_t(qkv_shape, qkv), th = to_t(hs, ph), tw = to_t(ws, pw);
+  Tensor probs;
+  const Tensor out = ops::bot_attention(tq, th, tw, sp, &probs);
+  check_vec(out, ref_bot(qkv, ph, pw, sp, B, H, W), 1e-5, "forward");
+  const auto grads = ops::bot_attention_backward(tq, th, tw, sp, probs, to_t(out_shape, g));
+  check_vec(grads.dqkv, numeric_grad([&](const Vec& x) { return ref_bot(x, ph, pw, sp, B, H, W); }, qkv, g), 1e-4, "d qkv");
+  if (sp.pos != PosEncoding::None)
+    check_vec(grads.dpos_h, numeric_grad([&](const Vec& x) { return ref_bot(qkv, x, pw, sp, B, H, W); }, ph, g), 1e-4,
+              "d pos_h");
+  if (sp.pos == PosEncoding::Relative)
+    check_vec(grads.dpos_w, numeric_grad([&](const Vec& x) { return ref_bot(qkv, ph, x, sp, B, H, W); }, pw, g), 1e-4,
+              "d pos_w");
+}
+
+}  // namespace
+
+TEST_CASE("BoTNet attention options match the reference, forward and gradients") {
+  BotAttnSpec base;
+  base.heads = 2, base.dqk = 4, base.dv = 3;
+  SUBCASE("relative, non-square map") { check_bot(base, 2, 3, 5, 1); }
+  SUBCASE("relative, scale_pos_embed") {
+    BotAttnSpec sp = base;
+    sp.scale_pos_embed = true;
+    check_bot(sp, 1, 4, 3, 2);
+  }
+  SUBCASE("relative, per-head tables") {
+    BotAttnSpec sp = base;
+    sp.per_head = true;
+    check_bot(sp, 2, 3, 4, 3);
+  }
+  SUBCASE("relative, clip 1 (offsets clamped) on a map larger than the tables") {
+    BotAttnSpec sp = base;
+    sp.clip = 1;
+    check_bot(sp, 1, 4, 5, 4);
+  }
+  SUBCASE("relative, clip 2 with per-head tables and scale_pos_embed") {
+    BotAttnSpec sp = base;
+    sp.clip = 2, sp.per_head = true, sp.scale_pos_embed = true;
+    check_bot(sp, 1, 2, 6, 5);
+  }
+  SUBCASE("absolute positions") {
+    BotAttnSpec sp = base;
+    sp.pos = PosEncoding::Absolute;
+    check_bot(sp, 2, 3, 3, 6);
+  }
+  SUBCASE("absolute positions, per head, scale_pos_embed") {
+    BotAttnSpec sp = base;
+    sp.pos = PosEncoding::Absolute, sp.per_head = true, sp.scale_pos_embed = true;
+    check_bot(sp, 1, 2, 3, 7);
+  }
+  SUBCASE("no positions") {
+    BotAttnSpec sp = base;
+    sp.pos = PosEncoding::None;
+    check_bot(sp, 2, 3, 2, 8);
+  }
+  SUBCASE("one head, a 1x1 map") { check_bot(BotAttnSpec{1, 2, 2}, 1, 1, 1, 9); }
+  SUBCASE("more query rows than one block (N > 64)") {
+    BotAttnSpec sp{2, 2, 2};
+    sp.clip = 3;
+    std::mt19937 rng(10);
+    const Shape qs{1, sp.channels_qkv(), 9, 10};
+    const Vec qkv = random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0);
+    const Vec ph = random_vec(14, rng, 0.5), pw = random_vec(14, rng, 0.5);
+    check_vec(ops::bot_attention(to_t(qs, qkv), to_t({7, 2}, ph), to_t({7, 2}, pw), sp), ref_bot(qkv, ph, pw, sp, 1, 9, 10),
+              1e-5, "forward, 90 queries");
+  }
+}
+
+TEST_CASE("clipped relative attention accepts any map size; unclipped insists on its own") {
+  BotAttnSpec sp{2, 4, 4};
+  sp.clip = 2;
+  const Tensor t = Tensor::zeros({5, 4});
+  for (int h : {1, 3, 8})
+    CHECK(ops::bot_attention(Tensor::zeros({1, sp.channels_qkv(), h, 7}), t, t, sp).shape() ==
+          Shape{1, 8, h, 7});
+  sp.clip = 0;
+  CHECK(ops::bot_attention(Tensor::zeros({1, sp.channels_qkv(), 3, 3}), t, t, sp).shape() == Shape{1, 8, 3, 3});
+  CHECK_THROWS_AS(ops::bot_attention(Tensor::zeros({1, sp.channels_qkv(), 4, 4}), t, t, sp), Error);
+}
+
+TEST_CASE("SASA local attention matches the reference for several windows, forward and gradients") {
+  for (int k : {1, 3, 5}) {
+    CAPTURE(k);
+    SasaSpec sp;
+    sp.heads = 2, sp.dqk = 4, sp.dv = 3, sp.kernel = k;
+    const int B = 2, H = 4, W = 3;
+    std::mt19937 rng(20 + static_cast<std::uint32_t>(k));
+    const Shape qs{B, sp.channels_qkv(), H, W}, os{B, sp.channels_out(), H, W};
+    const Vec qkv = random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0);
+    const Vec rr = random_vec(static_cast<std::size_t>(k * 2), rng, 0.5), rc = random_vec(static_cast<std::size_t>(k * 2), rng, 0.5);
+    const Vec g = random_vec(static_cast<std::size_t>(numel_of(os)), rng, 1.0);
+    const Tensor tq = to_t(qs, qkv), trr = to_t({k, 2}, rr), trc = to_t({k, 2}, rc);
+    Tensor probs;
+    check_vec(ops::sasa_attention(tq, trr, trc, sp, &probs), ref_sasa(qkv, rr, rc, sp, B, H, W), 1e-5, "forward");
+    const auto gr = ops::sasa_attention_backward(tq, trr, trc, sp, probs, to_t(os, g));
+    check_vec(gr.dqkv, numeric_grad([&](const Vec& x) { return ref_sasa(x, rr, rc, sp, B, H, W); }, qkv, g), 1e-4, "d qkv");
+    check_vec(gr.dr_row, numeric_grad([&](const Vec& x) { return ref_sasa(qkv, x, rc, sp, B, H, W); }, rr, g), 1e-4, "d r_row");
+    check_vec(gr.dr_col, numeric_grad([&](const Vec& x) { return ref_sasa(qkv, rr, x, sp, B, H, W); }, rc, g), 1e-4, "d r_col");
+  }
+}
