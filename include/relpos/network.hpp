@@ -32,8 +32,9 @@ struct LayerRow {
 
 class Network {
  public:
-  // Builds the layers with timm's initialisation drawn from `seed`.
-  explicit Network(const ModelConfig& config, std::uint32_t seed = 0);
+  // Builds the layers with timm's initialisation drawn from `seed` (or, with initialize false,
+  // leaves the weights at zero for a loader to fill in).
+  explicit Network(const ModelConfig& config, std::uint32_t seed = 0, bool initialize = true);
   ~Network();
   Network(Network&&) noexcept;
   Network& operator=(Network&&) noexcept;

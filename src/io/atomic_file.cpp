@@ -37,12 +37,15 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   RELPOS_CHECK(in, "cannot open '" << path << "': " << std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  RELPOS_CHECK(!in.bad(), "error reading '" << path << "'");
-  return ss.str();
+  const std::streamsize size = in.tellg();
+  RELPOS_CHECK(size >= 0, "cannot read '" << path << "' (not a regular file?)");
+  in.seekg(0);
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), size);
+  RELPOS_CHECK(in || size == 0, "error reading '" << path << "'");
+  return text;
 }
 
 }  // namespace relpos::detail

@@ -212,7 +212,7 @@ std::vector<std::string> read_labels(const std::string& path) {
 
 Model Model::load(const std::string& path, const LoadOptions& options) {
   FileContents fc = looks_like_json(path) ? read_json_weights(path) : read_safetensors_weights(path, options);
-  Network net(fc.config);
+  Network net(fc.config, 0, /*initialize=*/false);
   assign(net, fc.tensors, path);
   Preprocess pre = fc.has_preprocess ? fc.preprocess : default_preprocess(fc.config);
   if (!fc.has_preprocess && !options.config.empty()) {

@@ -61,7 +61,7 @@ struct Network::Impl {
   }
 };
 
-Network::Network(const ModelConfig& config, std::uint32_t seed) : impl_(std::make_unique<Impl>()) {
+Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.config = config;
   m.stem = std::make_unique<Stem>(config.stem, config.in_chans, config.act);
@@ -87,11 +87,13 @@ Network::Network(const ModelConfig& config, std::uint32_t seed) : impl_(std::mak
       m.stages[i][j]->collect("stages." + std::to_string(i) + "." + std::to_string(j) + ".", m.params);
   m.head->collect("head.", m.params);
 
-  Init init(seed);
-  m.stem->init(init);
-  for (auto& stage : m.stages)
-    for (auto& b : stage) b->init(init, config.zero_init_last);
-  m.head->init(init);
+  if (initialize) {
+    Init init(seed);
+    m.stem->init(init);
+    for (auto& stage : m.stages)
+      for (auto& b : stage) b->init(init, config.zero_init_last);
+    m.head->init(init);
+  }
   prepare_inference();
 }
 
