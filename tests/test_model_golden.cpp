@@ -77,3 +77,39 @@ TEST_CASE("a fixed-size model names its input size when given another") {
   CHECK_THROWS_WITH_AS(net.infer(Tensor::zeros({1, 3, 64, 64})), doctest::Contains("takes 96x64 input"), Error);
   CHECK_THROWS_WITH_AS(net.infer(Tensor::zeros({1, 1, 96, 64})), doctest::Contains("(N, 3, H, W)"), Error);
 }
+
+TEST_CASE("tiny_botnet_96x64: one training step matches timm: logits, loss, every gradient, running stats") {
+  auto f = test::golden("tiny_botnet_96x64");
+  Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+  load_golden_params(net, f);
+  // param.* holds the running statistics after the step (see above); one step from the
+  // statistics before it must land on after_train_step.*. Recover them first.
+  net.forward(f.tensor("input"));
+  for (const auto& p : net.params()) {
+    if (p.grad) continue;
+    const auto after = f.tensor("param." + p.name).to_vector();
+    auto r2 = p.value->to_vector();
+    for (std::size_t i = 0; i < r2.size(); ++i) r2[i] = (1.9f * after[i] - r2[i]) / 0.9f;
+    p.value->copy_from(Tensor::from_vector(p.value->shape(), r2));
+  }
+  const Tensor logits = net.forward(f.tensor("input"));
+  test::check_forward(logits, f.tensor("logits_train"), "logits_train");
+  std::vector<int> labels;
+  for (float v : f.tensor("labels").to_vector()) labels.push_back(static_cast<int>(v));
+  const ops::CrossEntropy ce = ops::cross_entropy(logits, labels);
+  CHECK(ce.loss == doctest::Approx(f.tensor("loss").to_vector()[0]).epsilon(1e-5));
+  net.backward(ce.dlogits);
+  int grads = 0, stats = 0;
+  for (const auto& p : net.params()) {
+    if (p.grad) {
+      REQUIRE_MESSAGE(p.grad->defined(), p.name << " got no gradient");
+      test::check_grad(*p.grad, f.tensor("grad." + p.name), "grad." + p.name);
+      ++grads;
+    } else {
+      test::check_forward(*p.value, f.tensor("after_train_step." + p.name), "after_train_step." + p.name);
+      ++stats;
+    }
+  }
+  CHECK(grads == 83);
+  CHECK(stats == 50);
+}
