@@ -69,3 +69,38 @@ TempDir::~TempDir() {
 }
 
 }  // namespace relpos::test
+
+#include <opencv2/imgcodecs.hpp>
+
+namespace relpos::test {
+
+void make_pattern_dataset(const std::string& root, int per_class_train, int per_class_test, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> noise(0, 60), pos(1, 10);
+  const char* classes[] = {"bars", "columns", "dots"};
+  for (const char* split : {"train", "test"}) {
+    const int n = std::string(split) == "train" ? per_class_train : per_class_test;
+    for (int c = 0; c < 3; ++c) {
+      const auto dir = std::filesystem::path(root) / split / classes[c];
+      std::filesystem::create_directories(dir);
+      for (int i = 0; i < n; ++i) {
+        cv::Mat img(12, 12, CV_8UC3);
+        for (int y = 0; y < 12; ++y)
+          for (int x = 0; x < 12; ++x) img.at<cv::Vec3b>(y, x) = cv::Vec3b(noise(rng), noise(rng), noise(rng));
+        const int p = pos(rng);
+        for (int k = 0; k < 12; ++k) {
+          if (c == 0) img.at<cv::Vec3b>(p, k) = cv::Vec3b(250, 200, 220);
+          if (c == 1) img.at<cv::Vec3b>(k, p) = cv::Vec3b(220, 250, 200);
+          if (c == 2) img.at<cv::Vec3b>(pos(rng), pos(rng)) = cv::Vec3b(200, 220, 250);
+        }
+        char name[32];
+        std::snprintf(name, sizeof(name), "%03d.png", i);
+        cv::imwrite((dir / name).string(), img);
+      }
+    }
+  }
+}
+
+std::string tiny_rgb_config() { return source_dir() + "/tests/data/tiny_rgb_config.json"; }
+
+}  // namespace relpos::test

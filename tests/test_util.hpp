@@ -36,3 +36,10 @@ struct TempDir {
 };
 
 }  // namespace relpos::test
+
+namespace relpos::test {
+// A small image-folder dataset: root/{train,test}/{bars,columns,dots}/NNN.png, 12x12 RGB,
+// easy to tell apart (a bright row, a bright column, or scattered dots, plus noise).
+void make_pattern_dataset(const std::string& root, int per_class_train, int per_class_test, unsigned seed = 1);
+std::string tiny_rgb_config();  // tests/data/tiny_rgb_config.json
+}  // namespace relpos::test

@@ -114,5 +114,13 @@ CrossEntropy cross_entropy(const Tensor& logits, const std::vector<int>& labels,
 // Plain row-major matmul of 2-D tensors: a (M, K) @ b (K, N) with optional transposes.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// Optimizer updates in place. SGD: g = grad + wd * p; buf = momentum * buf + g (buf = g on the
+// first step); p -= lr * (nesterov ? g + momentum * buf : buf). AdamW: p -= lr * wd * p, then the
+// bias-corrected Adam step with moments m, v at step number `step` (1-based).
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, bool nesterov,
+                float weight_decay, bool first_step);
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, long step);
+
 }  // namespace ops
 }  // namespace relpos

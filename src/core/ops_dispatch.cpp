@@ -139,5 +139,16 @@ SasaGrads sasa_attention_backward(const Tensor& qkv, const Tensor& r_row, const 
   RELPOS_DISPATCH(qkv, sasa_attention_backward, qkv, r_row, r_col, spec, probs, dout);
 }
 
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, bool nesterov,
+                float weight_decay, bool first_step) {
+  same_device("sgd", param, {&grad, &momentum_buf});
+  RELPOS_DISPATCH(param, sgd_update, param, grad, momentum_buf, lr, momentum, nesterov, weight_decay, first_step);
+}
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, long step) {
+  same_device("adamw", param, {&grad, &m, &v});
+  RELPOS_DISPATCH(param, adamw_update, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step);
+}
+
 }  // namespace ops
 }  // namespace relpos

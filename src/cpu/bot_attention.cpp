@@ -161,9 +161,12 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
   const bool rel = spec.pos == PosEncoding::Relative, absolute = spec.pos == PosEncoding::Absolute;
   if (rel || absolute) grads.dpos_h = Tensor::zeros(pos_h.shape());
   if (rel) grads.dpos_w = Tensor::zeros(pos_w.shape());
-  const std::int64_t size_h = grads.dpos_h.defined() ? grads.dpos_h.numel() : 0;
-  const std::int64_t size_w = grads.dpos_w.defined() ? grads.dpos_w.numel() : 0;
   const std::int64_t N = g.N, d = spec.dqk;
+  // Each (image, head) task writes its table gradients into its own slot; the slots are summed
+  // in task order afterwards, so the result does not depend on thread scheduling.
+  const std::int64_t tasks = g.B * spec.heads;
+  const std::int64_t slot_h = (rel || absolute) ? g.Th * d : 0, slot_w = rel ? g.Tw * d : 0;
+  std::vector<float> part_h(static_cast<std::size_t>(tasks * slot_h)), part_w(static_cast<std::size_t>(tasks * slot_w));
 
 #pragma omp parallel
   {
@@ -173,9 +176,8 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
     std::vector<float> colsum(static_cast<std::size_t>(g.W));
     std::vector<float> kp(absolute ? static_cast<std::size_t>(N * d) : 0);
     std::vector<float> dkp(absolute ? static_cast<std::size_t>(N * d) : 0);
-    std::vector<float> acc_h(static_cast<std::size_t>(size_h), 0.0f), acc_w(static_cast<std::size_t>(size_w), 0.0f);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < g.B * spec.heads; ++t) {
+    for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / spec.heads;
       const int h = static_cast<int>(t % spec.heads);
       const float* P = probs.data() + t * N * N;
@@ -205,11 +207,11 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
           for (std::int64_t c = 0; c < d; ++c) kp[j * d + c] = g.s * K[j * g.Ct + c] + g.alpha_pos * pos[j * d + c];
         gemm(false, false, N, d, N, 1.0f, dL.data(), N, kp.data(), d, 0.0f, dQ, g.Ct);
         gemm(true, false, N, d, N, 1.0f, dL.data(), N, Q, g.Ct, 0.0f, dkp.data(), d);
-        float* ah = g.table_h(acc_h.data(), h);
+        float* ah = part_h.data() + t * slot_h;
         for (std::int64_t j = 0; j < N; ++j)
           for (std::int64_t c = 0; c < d; ++c) {
             dK[j * g.Ct + c] = g.s * dkp[j * d + c];
-            ah[j * d + c] += g.alpha_pos * dkp[j * d + c];
+            ah[j * d + c] = g.alpha_pos * dkp[j * d + c];
           }
         continue;
       }
@@ -226,16 +228,17 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
       // dQ += dqh Rh + dqw Rw ; dRh += dqh^T Q ; dRw += dqw^T Q
       gemm(false, false, N, d, g.Th, 1.0f, dqh.data(), g.Th, g.table_h(pos_h.data(), h), d, 1.0f, dQ, g.Ct);
       gemm(false, false, N, d, g.Tw, 1.0f, dqw.data(), g.Tw, g.table_w(pos_w.data(), h), d, 1.0f, dQ, g.Ct);
-      gemm(true, false, g.Th, d, N, 1.0f, dqh.data(), g.Th, Q, g.Ct, 1.0f,
-           g.table_h(acc_h.data(), h), d);
-      gemm(true, false, g.Tw, d, N, 1.0f, dqw.data(), g.Tw, Q, g.Ct, 1.0f,
-           g.table_w(acc_w.data(), h), d);
+      gemm(true, false, g.Th, d, N, 1.0f, dqh.data(), g.Th, Q, g.Ct, 0.0f, part_h.data() + t * slot_h, d);
+      gemm(true, false, g.Tw, d, N, 1.0f, dqw.data(), g.Tw, Q, g.Ct, 0.0f, part_w.data() + t * slot_w, d);
     }
-#pragma omp critical(relpos_bot_attention_reduce)
-    {
-      for (std::int64_t i = 0; i < size_h; ++i) grads.dpos_h.data()[i] += acc_h[static_cast<std::size_t>(i)];
-      for (std::int64_t i = 0; i < size_w; ++i) grads.dpos_w.data()[i] += acc_w[static_cast<std::size_t>(i)];
-    }
+  }
+  for (std::int64_t t = 0; t < tasks && slot_h > 0; ++t) {
+    const int h = static_cast<int>(t % spec.heads);
+    float* dh = g.table_h(grads.dpos_h.data(), h);
+    for (std::int64_t i = 0; i < slot_h; ++i) dh[i] += part_h[static_cast<std::size_t>(t * slot_h + i)];
+    if (slot_w == 0) continue;
+    float* dw = g.table_w(grads.dpos_w.data(), h);
+    for (std::int64_t i = 0; i < slot_w; ++i) dw[i] += part_w[static_cast<std::size_t>(t * slot_w + i)];
   }
   return grads;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <omp.h>
 #include <vector>
 
 #include "core/attention_geometry.hpp"
@@ -126,10 +127,15 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   const float* rc = r_col.data();
   const std::int64_t tsize = static_cast<std::int64_t>(g.k) * g.half;
 
-  // Pass 1, per query: d logits, d q, and the embedding gradients.
-#pragma omp parallel
+  // Pass 1, per query: d logits, d q, and the embedding gradients. Each thread sums into its
+  // own slot (static schedule), and the slots are added in thread order: the same result on
+  // every run with the same thread count.
+  const int nthreads = omp_get_max_threads();
+  std::vector<float> part(static_cast<std::size_t>(nthreads) * 2 * static_cast<std::size_t>(tsize), 0.0f);
+#pragma omp parallel num_threads(nthreads)
   {
-    std::vector<float> acc_row(static_cast<std::size_t>(tsize), 0.0f), acc_col(static_cast<std::size_t>(tsize), 0.0f);
+    float* acc_row = part.data() + static_cast<std::size_t>(omp_get_thread_num()) * 2 * static_cast<std::size_t>(tsize);
+    float* acc_col = acc_row + tsize;
     std::vector<float> sum_row(static_cast<std::size_t>(g.k)), sum_col(static_cast<std::size_t>(g.k));
 #pragma omp for collapse(2) schedule(static)
     for (std::int64_t b = 0; b < g.B; ++b)
@@ -169,17 +175,17 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
               const float sr = sum_row[static_cast<std::size_t>(a)], sc = sum_col[static_cast<std::size_t>(a)];
               axpy(sr, rr + a * g.half, dq, g.half);
               axpy(sc, rc + a * g.half, dq + g.half, g.half);
-              axpy(sr, q, acc_row.data() + a * g.half, g.half);
-              axpy(sc, q + g.half, acc_col.data() + a * g.half, g.half);
+              axpy(sr, q, acc_row + a * g.half, g.half);
+              axpy(sc, q + g.half, acc_col + a * g.half, g.half);
             }
           }
         }
-#pragma omp critical(relpos_sasa_reduce)
-    for (std::int64_t t = 0; t < tsize; ++t) {
-      grads.dr_row.data()[t] += acc_row[static_cast<std::size_t>(t)];
-      grads.dr_col.data()[t] += acc_col[static_cast<std::size_t>(t)];
-    }
   }
+  for (int th = 0; th < nthreads; ++th)
+    for (std::int64_t t = 0; t < tsize; ++t) {
+      grads.dr_row.data()[t] += part[(static_cast<std::size_t>(th) * 2) * static_cast<std::size_t>(tsize) + static_cast<std::size_t>(t)];
+      grads.dr_col.data()[t] += part[(static_cast<std::size_t>(th) * 2 + 1) * static_cast<std::size_t>(tsize) + static_cast<std::size_t>(t)];
+    }
 
   // Pass 2, per key: gather d k and d v from the queries whose windows hold it.
 #pragma omp parallel for collapse(2) schedule(static)

@@ -8,6 +8,7 @@
 
 #include "io/atomic_file.hpp"
 #include "io/base64.hpp"
+#include "io/model_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
 #include "relpos/safetensors.hpp"
@@ -151,8 +152,10 @@ bool looks_like_json(const std::string& path) {
   RELPOS_FAIL(path << ": empty file");
 }
 
-// Puts the tensors into the network, by name; every parameter and buffer must be given once.
-void assign(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) {
+}  // namespace
+
+void detail::assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors,
+                            const std::string& source) {
   std::map<std::string, Tensor*> given;
   for (auto& [name, t] : tensors) {
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0) continue;
@@ -181,8 +184,8 @@ void assign(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, 
   net.prepare_inference();
 }
 
+namespace {
 json preprocess_or_default(const Model& m) { return m.preprocess().to_json(); }
-
 }  // namespace
 
 Preprocess default_preprocess(const ModelConfig& config) {
@@ -213,7 +216,7 @@ std::vector<std::string> read_labels(const std::string& path) {
 Model Model::load(const std::string& path, const LoadOptions& options) {
   FileContents fc = looks_like_json(path) ? read_json_weights(path) : read_safetensors_weights(path, options);
   Network net(fc.config, 0, /*initialize=*/false);
-  assign(net, fc.tensors, path);
+  detail::assign_tensors(net, fc.tensors, path);
   Preprocess pre = fc.has_preprocess ? fc.preprocess : default_preprocess(fc.config);
   if (!fc.has_preprocess && !options.config.empty()) {
     // a shipped config may carry the preprocessing its weights were trained with

@@ -15,7 +15,8 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
     convs_.emplace_back("conv3", std::make_unique<ConvNormAct>(c / 2, c, 3, 1, 1, act));
     reduction_ = 2;
   } else {
-    convs_.emplace_back("conv", std::make_unique<ConvNormAct>(in_chans, cfg.chs, cfg.kernel, cfg.stride, 1, act));
+    // timm: a single-conv stem is the ConvNormAct itself (stem.conv.weight, stem.bn.*)
+    convs_.emplace_back("", std::make_unique<ConvNormAct>(in_chans, cfg.chs, cfg.kernel, cfg.stride, 1, act));
     reduction_ = cfg.stride;
   }
   convs_.front().second->set_need_input_grad(false);
@@ -24,7 +25,7 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
 }
 
 void Stem::collect(const std::string& p, std::vector<ParamRef>& out) {
-  for (auto& [name, c] : convs_) c->collect(p + name + ".", out);
+  for (auto& [name, c] : convs_) c->collect(name.empty() ? p : p + name + ".", out);
 }
 
 void Stem::init(Init& init) {
@@ -62,7 +63,7 @@ void Stem::release_saved() {
 
 Shape Stem::summarize(const std::string& p, const Shape& in, std::vector<LayerRow>* rows) const {
   Shape s = in;
-  for (const auto& [name, c] : convs_) s = c->summarize(p + name + ".", s, rows);
+  for (const auto& [name, c] : convs_) s = c->summarize(name.empty() ? p : p + name + ".", s, rows);
   if (pool_) {
     s[2] = (s[2] + 2 - 3) / 2 + 1;
     s[3] = (s[3] + 2 - 3) / 2 + 1;

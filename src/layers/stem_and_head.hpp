@@ -1,6 +1,7 @@
 // Internal: the network's first and last layers.
 //  Stem "tiered" (timm's ResNet-T stem): stem.conv1 3x3/2 -> stem.conv2 3x3 -> stem.conv3 3x3 to
-//  3c/8, c/2, c channels; stem "conv": one kxk ConvNormAct, stem.conv. Then an optional 3x3/2
+//  3c/8, c/2, c channels; stem "conv": one kxk ConvNormAct (stem.conv.weight, stem.bn.*, as
+//  timm names a single-conv stem). Then an optional 3x3/2
 //  max pool (pad 1).
 //  ClassifierHead: global average pool -> head.fc (linear with bias).
 #pragma once

@@ -1,0 +1,144 @@
+// relpos: training and evaluation data. Datasets (Fashion-MNIST's IDX files, or a folder with
+// one subfolder per class), augmentation, and a loader that assembles batches on background
+// threads. Batches depend only on (seed, epoch, position), never on thread timing, so a run
+// resumed from a checkpoint sees exactly the batches the uninterrupted run would have.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <opencv2/core.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "relpos/preprocess.hpp"
+#include "relpos/tensor.hpp"
+
+namespace relpos {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  virtual int label(std::size_t i) const = 0;
+  // The image (8-bit, 1 or 3 channels); throws relpos::Error if it cannot be decoded.
+  virtual cv::Mat image(std::size_t i) const = 0;
+  virtual std::string name(std::size_t i) const = 0;  // for messages
+  virtual const std::vector<std::string>& classes() const = 0;
+};
+
+// IDX files (optionally gzip-compressed), as Fashion-MNIST and MNIST ship them.
+class IdxDataset : public Dataset {
+ public:
+  IdxDataset(const std::string& images_path, const std::string& labels_path, std::vector<std::string> classes);
+  std::size_t size() const override { return labels_.size(); }
+  int label(std::size_t i) const override { return labels_[i]; }
+  cv::Mat image(std::size_t i) const override;
+  std::string name(std::size_t i) const override;
+  const std::vector<std::string>& classes() const override { return classes_; }
+
+ private:
+  std::string path_;
+  int rows_ = 0, cols_ = 0;
+  std::vector<std::uint8_t> pixels_;
+  std::vector<int> labels_;
+  std::vector<std::string> classes_;
+};
+
+// root/<class>/<image files>; classes in sorted folder-name order.
+class ImageFolderDataset : public Dataset {
+ public:
+  explicit ImageFolderDataset(const std::string& root);
+  std::size_t size() const override { return files_.size(); }
+  int label(std::size_t i) const override { return labels_[i]; }
+  cv::Mat image(std::size_t i) const override;
+  std::string name(std::size_t i) const override { return files_[i]; }
+  const std::vector<std::string>& classes() const override { return classes_; }
+
+ private:
+  std::vector<std::string> files_;
+  std::vector<int> labels_;
+  std::vector<std::string> classes_;
+};
+
+inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+const std::vector<std::string>& fashion_mnist_classes();
+// "fashion-mnist" (Debian's dataset-fashion-mnist package) or a folder of class folders. For a
+// folder, split "train"/"test" uses root/train and root/test when they exist, else root itself.
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split);
+
+struct Augment {
+  int pad = 0;              // random crop of the padded image back to its size (0: off)
+  bool hflip = false;       // horizontal flip with probability 1/2
+  float erase_prob = 0.0f;  // random erasing (Zhong et al.) with this probability
+  float erase_min_area = 0.02f, erase_max_area = 0.25f;
+};
+
+struct Batch {
+  Tensor images;  // (N, C, H, W) channels-last, preprocessed
+  std::vector<int> labels;
+  std::size_t first = 0;  // position of the first sample in the epoch's order
+};
+
+// Produces the batches of one epoch on `workers` background threads (in order). Samples that
+// fail to decode are reported once on stderr and skipped.
+class DataLoader {
+ public:
+  struct Options {
+    int batch = 128;
+    bool shuffle = true;
+    bool drop_last = true;
+    Augment augment;
+    std::uint64_t seed = 0;
+    int workers = 2;
+    int prefetch = 4;
+  };
+  DataLoader(const Dataset& data, const Preprocess& pre, Options options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  std::size_t batches_per_epoch() const;
+  // Starts an epoch at batch `start_batch` (to resume in the middle of one).
+  void start_epoch(int epoch, std::size_t start_batch = 0);
+  // The next batch of the epoch, or false at its end.
+  bool next(Batch& out);
+  std::size_t skipped() const { return skipped_count_.load(); }
+
+ private:
+  void stop();
+  void work();
+  Batch make(std::size_t batch_index);
+
+  const Dataset& data_;
+  Preprocess pre_;
+  Options opt_;
+  int epoch_ = 0;
+  std::vector<std::size_t> order_;
+  std::size_t next_make_ = 0, next_take_ = 0, end_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::size_t, Batch> ready_;
+  std::map<std::size_t, std::string> errors_;  // batches that could not be assembled
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+  std::uint64_t generation_ = 0;  // bumped by start_epoch; stale work is dropped
+  std::unique_ptr<std::atomic<bool>[]> bad_;  // samples known to be unreadable
+  std::atomic<std::size_t> skipped_count_{0};
+  std::array<float, 3> fill_{};  // the value of a black pixel after preprocessing
+};
+
+// Deterministic per-sample randomness: a generator seeded from (seed, epoch, index).
+std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index);
+
+// Applies the augmentation to one preprocessed image (H, W, C floats, in place); padding
+// takes the per-channel value `fill`, erased areas become 0.
+void augment_image(float* hwc, int h, int w, int c, const Augment& aug, const float* fill, std::uint64_t seed);
+
+}  // namespace relpos

@@ -1,0 +1,83 @@
+// relpos: training and evaluation loops. train() writes to an output folder:
+//   checkpoint.safetensors  model, optimizer state and progress, written atomically each epoch
+//                           (and on Ctrl-C); train(resume=...) continues exactly where it stopped
+//   log.csv                 one row per epoch: lr, train loss/accuracy, test loss/accuracy, time
+//   curves.png              learning curves
+//   model.json              the trained weights with labels and preprocessing (relpos weights JSON)
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "relpos/data.hpp"
+#include "relpos/model.hpp"
+#include "relpos/optim.hpp"
+
+namespace relpos {
+
+struct TrainOptions {
+  std::string data = "fashion-mnist";  // "fashion-mnist" or a folder (see open_dataset)
+  int epochs = 10;
+  int batch = 128;
+  float lr = 0.1f;
+  float min_lr = 0.0f;
+  float warmup_epochs = 1.0f;
+  float label_smoothing = 0.1f;
+  OptimizerConfig optimizer;
+  Augment augment{2, true, 0.0f};
+  std::uint64_t seed = 0;
+  int workers = 1;        // data loader threads
+  int eval_batch = 500;
+  bool eval_each_epoch = true;
+  std::string out = "runs/train";
+  bool progress = true;   // progress bar on stderr
+  long max_steps = 0;     // stop after this many steps in total (0: no limit; for tests)
+
+  nlohmann::json to_json() const;
+  static TrainOptions from_json(const nlohmann::json& j);
+};
+
+struct EpochLog {
+  int epoch = 0;
+  float lr = 0.0f;
+  double train_loss = 0.0, train_acc = 0.0;
+  double test_loss = -1.0, test_acc = -1.0;  // -1: not evaluated
+  double seconds = 0.0, img_per_s = 0.0;
+};
+
+struct TrainResult {
+  std::vector<EpochLog> history;
+  bool interrupted = false;
+  std::string checkpoint;
+  double seconds = 0.0;  // training time of this run (resumed runs: this part only)
+  double images = 0.0;   // images trained on in this run
+  double step_seconds = 0.0;  // time inside training steps (data waits included, evaluation excluded)
+};
+
+// Trains model in place. If resume names a checkpoint, the model, options and progress come from
+// it (with resume_epochs > 0 the run goes on to that many epochs instead). `stop` (if given) is
+// polled after every step: when it turns true the run saves a checkpoint and returns with
+// interrupted = true.
+TrainResult train(Model& model, const TrainOptions& options, const std::string& resume = "",
+                  const std::atomic<bool>* stop = nullptr, int resume_epochs = 0);
+// The model a checkpoint holds (config, weights, labels, preprocessing).
+Model load_checkpoint_model(const std::string& checkpoint);
+
+struct EvalResult {
+  std::size_t count = 0;
+  double loss = 0.0;
+  double top1 = 0.0;
+  std::vector<std::string> classes;
+  std::vector<std::vector<long>> confusion;  // [true][predicted]
+  std::vector<double> per_class;             // accuracy per true class
+};
+EvalResult evaluate(const Model& model, const Dataset& data, int batch = 500);
+
+// PNG pictures (OpenCV drawing).
+void plot_learning_curves(const std::vector<EpochLog>& history, const std::string& path);
+void plot_confusion(const EvalResult& result, const std::string& path);
+std::string format_confusion(const EvalResult& result);
+
+}  // namespace relpos

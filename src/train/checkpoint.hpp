@@ -1,0 +1,38 @@
+// Internal: training checkpoints (safetensors). Tensors "model.<name>" (parameters and
+// buffers) and "optim.<name>.m1/.m2"; metadata holds the config, labels, preprocessing, the
+// training options and where training stands.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "relpos/trainer.hpp"
+
+namespace relpos::detail {
+
+struct TrainProgress {
+  int epoch = 0;                  // epochs completed before the current one
+  std::size_t batch_in_epoch = 0; // next batch of the current epoch
+  long step = 0;                  // steps done in total
+  double loss_sum = 0.0, correct = 0.0, seen = 0.0, seconds = 0.0;  // current epoch so far
+  double run_seconds = 0.0;       // training time of all earlier parts of the run
+  std::vector<EpochLog> history;
+};
+
+void save_checkpoint(const std::string& path, const Model& model, const Optimizer& optimizer,
+                     const TrainOptions& options, const TrainProgress& progress);
+
+struct Checkpoint {
+  std::optional<Model> model;
+  TrainOptions options;
+  TrainProgress progress;
+  long optimizer_steps = 0;
+  std::vector<std::pair<std::string, Tensor>> optimizer_state;
+};
+Checkpoint load_checkpoint(const std::string& path);
+
+nlohmann::json epoch_log_json(const EpochLog& e);
+EpochLog epoch_log_from(const nlohmann::json& j);
+
+}  // namespace relpos::detail

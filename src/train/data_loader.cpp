@@ -1,0 +1,191 @@
+// Augmentation and the background batch loader.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+
+#include "relpos/data.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+namespace {
+
+// splitmix64: a small, well-mixed generator; one per sample, seeded from (seed, epoch, index).
+struct Rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) / static_cast<float>(1ull << 24); }  // [0, 1)
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }       // [0, n)
+};
+
+}  // namespace
+
+std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index) {
+  Rng r{seed * 0x100000001b3ull ^ (epoch << 40) ^ index};
+  r.next();
+  return r.next();
+}
+
+void augment_image(float* img, int h, int w, int c, const Augment& aug, const float* fill, std::uint64_t seed) {
+  Rng rng{seed};
+  const std::size_t row = static_cast<std::size_t>(w) * c;
+  if (aug.pad > 0) {
+    const int dy = rng.below(2 * aug.pad + 1) - aug.pad, dx = rng.below(2 * aug.pad + 1) - aug.pad;
+    if (dy != 0 || dx != 0) {
+      std::vector<float> src(img, img + static_cast<std::size_t>(h) * row);
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) {
+          const int sy = y + dy, sx = x + dx;
+          float* d = img + y * row + static_cast<std::size_t>(x) * c;
+          if (sy < 0 || sy >= h || sx < 0 || sx >= w)
+            for (int k = 0; k < c; ++k) d[k] = fill[k];
+          else
+            std::memcpy(d, src.data() + sy * row + static_cast<std::size_t>(sx) * c, sizeof(float) * c);
+        }
+    }
+  }
+  if (aug.hflip && rng.uniform() < 0.5f)
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w / 2; ++x)
+        for (int k = 0; k < c; ++k)
+          std::swap(img[y * row + static_cast<std::size_t>(x) * c + k], img[y * row + static_cast<std::size_t>(w - 1 - x) * c + k]);
+  if (aug.erase_prob > 0.0f && rng.uniform() < aug.erase_prob) {
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const float area = (aug.erase_min_area + rng.uniform() * (aug.erase_max_area - aug.erase_min_area)) * h * w;
+      const float aspect = std::exp(std::log(0.3f) + rng.uniform() * (std::log(3.3f) - std::log(0.3f)));
+      const int eh = static_cast<int>(std::lround(std::sqrt(area * aspect)));
+      const int ew = static_cast<int>(std::lround(std::sqrt(area / aspect)));
+      if (eh < 1 || ew < 1 || eh >= h || ew >= w) continue;
+      const int y0 = rng.below(h - eh + 1), x0 = rng.below(w - ew + 1);
+      for (int y = y0; y < y0 + eh; ++y) std::fill(img + y * row + static_cast<std::size_t>(x0) * c, img + y * row + static_cast<std::size_t>(x0 + ew) * c, 0.0f);
+      break;
+    }
+  }
+}
+
+DataLoader::DataLoader(const Dataset& data, const Preprocess& pre, Options options)
+    : data_(data), pre_(pre), opt_(options), bad_(new std::atomic<bool>[data.size()]) {
+  RELPOS_CHECK(opt_.batch >= 1, "batch size must be at least 1");
+  RELPOS_CHECK(data.size() > 0, "the dataset is empty");
+  for (std::size_t i = 0; i < data.size(); ++i) bad_[i] = false;
+  for (int k = 0; k < 3; ++k) fill_[static_cast<std::size_t>(k)] = (0.0f - pre_.mean[static_cast<std::size_t>(k)]) / pre_.std[static_cast<std::size_t>(k)];
+  const int workers = std::max(1, opt_.workers);
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+void DataLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+std::size_t DataLoader::batches_per_epoch() const {
+  const std::size_t n = data_.size(), b = static_cast<std::size_t>(opt_.batch);
+  return opt_.drop_last && n >= b ? n / b : (n + b - 1) / b;
+}
+
+void DataLoader::start_epoch(int epoch, std::size_t start_batch) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++generation_;
+  epoch_ = epoch;
+  order_.resize(data_.size());
+  std::iota(order_.begin(), order_.end(), std::size_t{0});
+  if (opt_.shuffle) {
+    Rng rng{mix_seed(opt_.seed, static_cast<std::uint64_t>(epoch), ~0ull)};
+    for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng.next() % (i + 1)]);
+  }
+  end_ = batches_per_epoch();
+  next_make_ = next_take_ = std::min(start_batch, end_);
+  ready_.clear();
+  errors_.clear();
+  cv_.notify_all();
+}
+
+Batch DataLoader::make(std::size_t index) {
+  const std::size_t b = static_cast<std::size_t>(opt_.batch);
+  const std::size_t begin = index * b, end = std::min(order_.size(), begin + b);
+  const int c = pre_.in_chans();
+  const std::size_t per = static_cast<std::size_t>(pre_.height) * pre_.width * c;
+  std::vector<float> pixels;
+  pixels.reserve((end - begin) * per);
+  Batch out;
+  out.first = begin;
+  for (std::size_t k = begin; k < end; ++k) {
+    const std::size_t i = order_[k];
+    if (bad_[i]) continue;
+    Tensor one;
+    try {
+      one = make_batch({data_.image(i)}, pre_);
+    } catch (const std::exception& e) {
+      if (!bad_[i].exchange(true)) {
+        ++skipped_count_;
+        std::cerr << "\nrelpos: skipping " << data_.name(i) << ": " << e.what() << "\n";
+      }
+      continue;
+    }
+    augment_image(one.data(), pre_.height, pre_.width, c, opt_.augment, fill_.data(),
+                  mix_seed(opt_.seed, static_cast<std::uint64_t>(epoch_), i));
+    pixels.insert(pixels.end(), one.data(), one.data() + per);
+    out.labels.push_back(data_.label(i));
+  }
+  const auto n = static_cast<std::int64_t>(out.labels.size());
+  out.images = Tensor::from_nhwc(Tensor::from_vector({n, pre_.height, pre_.width, c}, pixels));
+  return out;
+}
+
+void DataLoader::work() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] {
+      return stopping_ || (next_make_ < end_ && next_make_ < next_take_ + static_cast<std::size_t>(opt_.prefetch));
+    });
+    if (stopping_) return;
+    const std::size_t index = next_make_++;
+    const std::uint64_t gen = generation_;
+    lock.unlock();
+    Batch b;
+    std::string error;
+    try {
+      b = make(index);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lock.lock();
+    if (gen != generation_) continue;  // the epoch changed under us
+    if (!error.empty()) errors_[index] = error;
+    ready_.emplace(index, std::move(b));
+    cv_.notify_all();
+  }
+}
+
+bool DataLoader::next(Batch& out) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (next_take_ >= end_) return false;
+    cv_.wait(lock, [&] { return ready_.count(next_take_) != 0; });
+    Batch b = std::move(ready_.at(next_take_));
+    ready_.erase(next_take_);
+    auto err = errors_.find(next_take_);
+    ++next_take_;
+    cv_.notify_all();
+    if (err != errors_.end()) RELPOS_FAIL("the data loader failed to assemble a batch: " << err->second);
+    if (b.labels.empty()) continue;  // every sample of it was unreadable
+    out = std::move(b);
+    return true;
+  }
+}
+
+}  // namespace relpos

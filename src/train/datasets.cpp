@@ -1,0 +1,134 @@
+// Datasets: IDX files (Fashion-MNIST) and folders of class folders.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "relpos/data.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::uint8_t> read_maybe_gzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
+  RELPOS_CHECK(f != nullptr, "cannot open '" << path << "'");
+  std::vector<std::uint8_t> out;
+  std::uint8_t buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.insert(out.end(), buf, buf + n);
+  int err = 0;
+  const char* msg = gzerror(f, &err);
+  const std::string message = msg ? msg : "";
+  gzclose(f);
+  RELPOS_CHECK(n == 0 && err == Z_OK, path << ": cannot decompress (" << message << "); truncated or corrupt file?");
+  return out;
+}
+
+std::uint32_t be32(const std::uint8_t* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+
+// Returns the dimensions of an unsigned-byte IDX array and the offset of its data.
+std::vector<std::uint32_t> idx_header(const std::vector<std::uint8_t>& b, const std::string& path, int want_dims) {
+  RELPOS_CHECK(b.size() >= 4 && b[0] == 0 && b[1] == 0, path << ": not an IDX file (bad magic number)");
+  RELPOS_CHECK(b[2] == 0x08, path << ": IDX data type " << int{b[2]} << " is not unsigned bytes");
+  RELPOS_CHECK(b[3] == want_dims, path << ": IDX array has " << int{b[3]} << " dimensions, expected " << want_dims);
+  RELPOS_CHECK(b.size() >= 4 + 4u * static_cast<std::size_t>(want_dims), path << ": truncated IDX header");
+  std::vector<std::uint32_t> dims;
+  std::size_t total = 1;
+  for (int i = 0; i < want_dims; ++i) {
+    dims.push_back(be32(b.data() + 4 + 4 * i));
+    total *= dims.back();
+  }
+  const std::size_t have = b.size() - 4 - 4u * static_cast<std::size_t>(want_dims);
+  RELPOS_CHECK(have == total, path << ": IDX header promises " << total << " bytes of data, the file holds " << have);
+  return dims;
+}
+
+}  // namespace
+
+IdxDataset::IdxDataset(const std::string& images_path, const std::string& labels_path, std::vector<std::string> classes)
+    : path_(images_path), classes_(std::move(classes)) {
+  const auto img = read_maybe_gzip(images_path);
+  const auto lab = read_maybe_gzip(labels_path);
+  const auto d = idx_header(img, images_path, 3);
+  const auto dl = idx_header(lab, labels_path, 1);
+  RELPOS_CHECK(d[0] == dl[0], images_path << " holds " << d[0] << " images but " << labels_path << " " << dl[0]
+                                          << " labels");
+  rows_ = static_cast<int>(d[1]), cols_ = static_cast<int>(d[2]);
+  pixels_.assign(img.begin() + 16, img.end());
+  for (std::size_t i = 0; i < dl[0]; ++i) {
+    const int y = lab[8 + i];
+    RELPOS_CHECK(y < static_cast<int>(classes_.size()), labels_path << ": label " << y << " of sample " << i
+                                                                    << " is not one of the " << classes_.size()
+                                                                    << " classes");
+    labels_.push_back(y);
+  }
+}
+
+cv::Mat IdxDataset::image(std::size_t i) const {
+  RELPOS_CHECK(i < size(), "sample " << i << " out of range");
+  return cv::Mat(rows_, cols_, CV_8UC1,
+                 const_cast<std::uint8_t*>(pixels_.data() + i * static_cast<std::size_t>(rows_) * cols_));
+}
+
+std::string IdxDataset::name(std::size_t i) const { return path_ + "[" + std::to_string(i) + "]"; }
+
+const std::vector<std::string>& fashion_mnist_classes() {
+  static const std::vector<std::string> c = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                             "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  return c;
+}
+
+namespace {
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* e : {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"})
+    if (ext == e) return true;
+  return false;
+}
+}  // namespace
+
+ImageFolderDataset::ImageFolderDataset(const std::string& root) {
+  RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory()) classes_.push_back(e.path().filename().string());
+  std::sort(classes_.begin(), classes_.end());
+  RELPOS_CHECK(!classes_.empty(), root << ": no class folders (expected " << root << "/<class>/<images>)");
+  for (std::size_t c = 0; c < classes_.size(); ++c) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / classes_[c]))
+      if (e.is_regular_file() && is_image_file(e.path())) found.push_back(e.path().string());
+    RELPOS_CHECK(!found.empty(), root << ": class folder '" << classes_[c] << "' holds no images");
+    std::sort(found.begin(), found.end());
+    for (auto& f : found) {
+      files_.push_back(std::move(f));
+      labels_.push_back(static_cast<int>(c));
+    }
+  }
+}
+
+cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files_[i]); }
+
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split) {
+  RELPOS_CHECK(split == "train" || split == "test", "split must be train or test, got '" << split << "'");
+  if (spec == "fashion-mnist" || spec == "fmnist") {
+    const std::string dir = std::getenv("RELPOS_FASHION_MNIST") ? std::getenv("RELPOS_FASHION_MNIST") : kFashionMnistDir;
+    const std::string stem = split == "train" ? "train" : "t10k";
+    const std::string images = dir + "/" + stem + "-images-idx3-ubyte.gz";
+    RELPOS_CHECK(fs::exists(images), "Fashion-MNIST not found at " << dir
+                                                                  << " (install it: apt-get install dataset-fashion-mnist)");
+    return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
+  }
+  const fs::path sub = fs::path(spec) / split;
+  return std::make_unique<ImageFolderDataset>(fs::is_directory(sub) ? sub.string() : spec);
+}
+
+}  // namespace relpos

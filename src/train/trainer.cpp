@@ -1,0 +1,274 @@
+// The training loop and evaluation.
+#include "relpos/trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "io/atomic_file.hpp"
+#include "relpos/error.hpp"
+#include "relpos/ops.hpp"
+#include "train/checkpoint.hpp"
+
+namespace relpos {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string hms(double s) {
+  const long t = static_cast<long>(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
+  else os << t / 60;
+  os << ":" << std::setw(2) << std::setfill('0') << t % 60;
+  return os.str();
+}
+
+// A one-line progress bar on a terminal; on a pipe, a line every 10% of the epoch.
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {}
+  void update(int epoch, int epochs, std::size_t batch, std::size_t batches, double img_s, double loss, double acc,
+              float lr, double eta_epoch, double eta_run) {
+    if (!enabled_) return;
+    const double frac = static_cast<double>(batch) / static_cast<double>(std::max<std::size_t>(1, batches));
+    if (tty_) {
+      if (seconds_since(last_) < 0.25 && batch < batches) return;
+    } else {
+      const int decile = static_cast<int>(frac * 10);
+      if (decile == last_decile_ || batch == batches) return;
+      last_decile_ = decile;
+    }
+    last_ = Clock::now();
+    const int width = 24, filled = static_cast<int>(frac * width);
+    std::ostringstream os;
+    os << "epoch " << epoch << "/" << epochs << " [" << std::string(static_cast<std::size_t>(filled), '#')
+       << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << std::setw(3)
+       << static_cast<int>(frac * 100) << "% " << batch << "/" << batches << "  " << std::fixed << std::setprecision(0)
+       << img_s << " img/s  loss " << std::setprecision(4) << loss << "  acc " << std::setprecision(2) << 100 * acc
+       << "%  lr " << std::setprecision(4) << lr << "  ETA " << hms(eta_epoch) << " (run " << hms(eta_run) << ")";
+    if (tty_) std::cerr << "\r" << os.str() << "\033[K" << std::flush;
+    else std::cerr << os.str() << "\n";
+  }
+  void end_line() {
+    if (enabled_ && tty_) std::cerr << "\r\033[K";
+    last_decile_ = -1;
+  }
+
+ private:
+  bool enabled_, tty_;
+  Clock::time_point last_ = Clock::now() - std::chrono::seconds(1);
+  int last_decile_ = -1;
+};
+
+int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_element(row, row + n) - row); }
+
+void write_csv(const std::string& path, const std::vector<EpochLog>& history) {
+  detail::write_atomically(path, [&](std::ostream& out) {
+    out << "epoch,lr,train_loss,train_acc,test_loss,test_acc,seconds,img_per_s\n";
+    for (const auto& e : history)
+      out << e.epoch << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
+          << e.test_acc << ',' << e.seconds << ',' << e.img_per_s << '\n';
+  });
+}
+
+}  // namespace
+
+EvalResult evaluate(const Model& model, const Dataset& data, int batch) {
+  RELPOS_CHECK(batch >= 1, "evaluation batch must be at least 1");
+  const int classes = model.network().config().num_classes;
+  RELPOS_CHECK(static_cast<int>(data.classes().size()) == classes,
+               "the data has " << data.classes().size() << " classes but the model " << classes);
+  EvalResult r;
+  r.classes = model.labels().empty() ? data.classes() : model.labels();
+  r.confusion.assign(static_cast<std::size_t>(classes), std::vector<long>(static_cast<std::size_t>(classes), 0));
+  DataLoader::Options lo;
+  lo.batch = batch;
+  lo.shuffle = false;
+  lo.drop_last = false;
+  lo.workers = 1;
+  DataLoader loader(data, model.preprocess(), lo);
+  loader.start_epoch(0);
+  Batch b;
+  double loss_sum = 0.0;
+  long correct = 0;
+  while (loader.next(b)) {
+    const Tensor logits = model.logits(b.images);
+    loss_sum += ops::cross_entropy(logits, b.labels).loss * static_cast<double>(b.labels.size());
+    for (std::size_t i = 0; i < b.labels.size(); ++i) {
+      const int p = argmax(logits.data() + i * static_cast<std::size_t>(classes), classes);
+      ++r.confusion[static_cast<std::size_t>(b.labels[i])][static_cast<std::size_t>(p)];
+      correct += p == b.labels[i];
+    }
+    r.count += b.labels.size();
+  }
+  RELPOS_CHECK(r.count > 0, "no readable images to evaluate");
+  r.loss = loss_sum / static_cast<double>(r.count);
+  r.top1 = static_cast<double>(correct) / static_cast<double>(r.count);
+  for (std::size_t c = 0; c < r.confusion.size(); ++c) {
+    long n = 0;
+    for (long v : r.confusion[c]) n += v;
+    r.per_class.push_back(n ? static_cast<double>(r.confusion[c][c]) / static_cast<double>(n) : 0.0);
+  }
+  return r;
+}
+
+TrainResult train(Model& model, const TrainOptions& options, const std::string& resume, const std::atomic<bool>* stop,
+                  int resume_epochs) {
+  TrainOptions opts = options;
+  detail::TrainProgress prog;
+  std::optional<detail::Checkpoint> ck;
+  if (!resume.empty()) {
+    const Device device = model.device();
+    ck = detail::load_checkpoint(resume);
+    model = std::move(*ck->model);
+    model.to(device);
+    opts = ck->options;
+    if (resume_epochs > 0) opts.epochs = resume_epochs;
+    opts.out = fs::path(resume).parent_path().string();
+    if (opts.out.empty()) opts.out = ".";
+    prog = ck->progress;
+  }
+  RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
+  fs::create_directories(opts.out);
+  // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
+  for (const auto& e : fs::directory_iterator(opts.out)) {
+    const std::string name = e.path().filename().string();
+    for (const char* f : {"checkpoint.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.", "curves.png.tmp."})
+      if (name.rfind(f, 0) == 0) fs::remove(e.path());
+  }
+  const std::string ckpt_path = (fs::path(opts.out) / "checkpoint.safetensors").string();
+
+  auto train_data = open_dataset(opts.data, "train");
+  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test") : nullptr;
+  Network& net = model.network();
+  RELPOS_CHECK(static_cast<int>(train_data->classes().size()) == net.config().num_classes,
+               opts.data << " has " << train_data->classes().size() << " classes but the model has "
+                         << net.config().num_classes << " outputs");
+  if (model.labels().empty()) model.set_labels(train_data->classes());
+
+  Optimizer optimizer(opts.optimizer, net.params());
+  if (ck) optimizer.load_state(ck->optimizer_state, ck->optimizer_steps);
+  DataLoader::Options lo;
+  lo.batch = opts.batch;
+  lo.augment = opts.augment;
+  lo.seed = opts.seed;
+  lo.workers = opts.workers;
+  DataLoader loader(*train_data, model.preprocess(), lo);
+  const std::size_t per_epoch = loader.batches_per_epoch();
+  LrSchedule sched;
+  sched.lr = opts.lr;
+  sched.min_lr = opts.min_lr;
+  sched.warmup_lr = opts.lr * 0.01f;
+  sched.warmup_steps = static_cast<long>(opts.warmup_epochs * static_cast<float>(per_epoch));
+  sched.total_steps = static_cast<long>(per_epoch) * opts.epochs;
+
+  TrainResult result;
+  Progress bar(opts.progress);
+  const auto run_start = Clock::now();
+  const double run_before = prog.run_seconds;
+  auto save = [&] {
+    prog.run_seconds = run_before + seconds_since(run_start);
+    detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog);
+    result.checkpoint = ckpt_path;
+  };
+  const int classes = net.config().num_classes;
+  double train_seconds = 0.0;  // in finished epochs of this run
+  for (; prog.epoch < opts.epochs; ++prog.epoch) {
+    loader.start_epoch(prog.epoch, prog.batch_in_epoch);
+    auto epoch_start = Clock::now();
+    const double epoch_before = prog.seconds;
+    const double seen_before = prog.seen;
+    Batch b;
+    float lr = sched.at(prog.step);
+    std::size_t done_now = 0;  // batches of this epoch run in this call
+    while (loader.next(b)) {
+      lr = sched.at(prog.step);
+      const Tensor logits = net.forward(b.images.to(model.device()));
+      const ops::CrossEntropy ce = ops::cross_entropy(logits, b.labels, opts.label_smoothing);
+      RELPOS_CHECK(std::isfinite(ce.loss), "the loss became " << ce.loss << " at step " << prog.step
+                                                              << " (learning rate too high?)");
+      net.backward(ce.dlogits);
+      optimizer.step(lr);
+      const Tensor host = logits.to(Device::CPU);
+      for (std::size_t i = 0; i < b.labels.size(); ++i)
+        prog.correct += argmax(host.data() + i * static_cast<std::size_t>(classes), classes) == b.labels[i];
+      prog.loss_sum += ce.loss * static_cast<double>(b.labels.size());
+      prog.seen += static_cast<double>(b.labels.size());
+      ++prog.step;
+      ++prog.batch_in_epoch;
+      ++done_now;
+      result.images += static_cast<double>(b.labels.size());
+      prog.seconds = epoch_before + seconds_since(epoch_start);
+      result.step_seconds = train_seconds + (prog.seconds - epoch_before);
+      const double img_s = (prog.seen - seen_before) / std::max(1e-9, prog.seconds - epoch_before);
+      const double step_s = (prog.seconds - epoch_before) / static_cast<double>(done_now);
+      const double left_epoch = static_cast<double>(per_epoch - prog.batch_in_epoch) * step_s;
+      const double left_run = left_epoch + static_cast<double>((opts.epochs - prog.epoch - 1) * per_epoch) * step_s;
+      bar.update(prog.epoch + 1, opts.epochs, prog.batch_in_epoch, per_epoch, img_s, prog.loss_sum / prog.seen,
+                 prog.correct / prog.seen, lr, left_epoch, left_run);
+      const bool stop_now = (stop && stop->load()) || (opts.max_steps > 0 && prog.step >= opts.max_steps);
+      if (stop_now) {
+        bar.end_line();
+        net.release_saved();
+        net.prepare_inference();
+        save();
+        result.interrupted = stop && stop->load();
+        result.history = prog.history;
+        result.seconds = seconds_since(run_start);
+        return result;
+      }
+    }
+    bar.end_line();
+    train_seconds = result.step_seconds;
+    net.release_saved();
+    net.prepare_inference();
+    EpochLog e;
+    e.epoch = prog.epoch + 1;
+    e.lr = lr;
+    e.train_loss = prog.loss_sum / std::max(1.0, prog.seen);
+    e.train_acc = prog.correct / std::max(1.0, prog.seen);
+    e.seconds = prog.seconds;
+    e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
+    if (test_data) {
+      const EvalResult ev = evaluate(model, *test_data, opts.eval_batch);
+      e.test_loss = ev.loss;
+      e.test_acc = ev.top1;
+    }
+    prog.history.push_back(e);
+    if (opts.progress) {
+      std::ostringstream os;
+      os << std::fixed << "epoch " << e.epoch << "/" << opts.epochs << ": train loss " << std::setprecision(4)
+         << e.train_loss << ", acc " << std::setprecision(2) << 100 * e.train_acc << "%";
+      if (test_data)
+        os << ", test loss " << std::setprecision(4) << e.test_loss << ", test acc " << std::setprecision(2)
+           << 100 * e.test_acc << "%";
+      os << "; " << std::setprecision(0) << e.img_per_s << " img/s, " << hms(e.seconds);
+      std::cerr << os.str() << "\n";
+    }
+    prog.batch_in_epoch = 0;
+    prog.loss_sum = prog.correct = prog.seen = prog.seconds = 0.0;
+    ++prog.epoch;  // the checkpoint records the epoch as done
+    save();
+    --prog.epoch;
+    write_csv((fs::path(opts.out) / "log.csv").string(), prog.history);
+    plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
+  }
+  model.save_json((fs::path(opts.out) / "model.json").string());
+  result.history = prog.history;
+  result.seconds = seconds_since(run_start);
+  return result;
+}
+
+}  // namespace relpos

@@ -1,0 +1,110 @@
+// relpos train / eval from the command line: outputs, Ctrl-C, SIGKILL and resuming.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using relpos::test::TempDir;
+
+namespace {
+
+std::string cli() { return RELPOS_CLI_PATH; }
+
+// Runs a shell script; returns its exit status.
+int sh(const std::string& script) {
+  const int st = std::system(("bash -c '" + script + "'").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int csv_rows(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int n = -1;  // header
+  while (std::getline(in, line)) n += !line.empty();
+  return n;
+}
+
+std::string train_cmd(const TempDir& d, const std::string& out, int epochs) {
+  return cli() + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b 16 --threads 1 --epochs " +
+         std::to_string(epochs) + " -o " + out;
+}
+
+}  // namespace
+
+TEST_CASE("relpos train writes model, log, curves and checkpoint; relpos eval reports accuracy and a confusion PNG") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 20, 8);
+  const std::string out = d.path + "/run";
+  REQUIRE(sh(train_cmd(d, out, 2) + " > " + d.file("log") + " 2>&1") == 0);
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find("epoch 2/2: train loss") != std::string::npos);
+  CHECK(log.find("test accuracy") != std::string::npos);
+  for (const char* f : {"model.json", "log.csv", "curves.png", "checkpoint.safetensors"}) CHECK(fs::exists(out + "/" + f));
+  CHECK(csv_rows(out + "/log.csv") == 2);
+  REQUIRE(sh(cli() + " eval -m " + out + "/model.json --data " + d.path + "/data --png " + d.file("cm.png") + " > " +
+             d.file("eval") + " 2>&1") == 0);
+  const std::string ev = slurp(d.file("eval"));
+  INFO(ev);
+  CHECK(ev.find("test: 24 images, top-1") != std::string::npos);
+  CHECK(ev.find("per class:") != std::string::npos);
+  CHECK(ev.find("confusion matrix") != std::string::npos);
+  CHECK(fs::exists(d.file("cm.png")));
+  // bad input: a data folder whose classes do not match the model
+  fs::create_directories(d.path + "/two/a");
+  fs::create_directories(d.path + "/two/b");
+  fs::copy_file(d.path + "/data/test/bars/000.png", d.path + "/two/a/x.png");
+  fs::copy_file(d.path + "/data/test/dots/000.png", d.path + "/two/b/x.png");
+  CHECK(sh(cli() + " eval -m " + out + "/model.json --data " + d.path + "/two > " + d.file("bad") + " 2>&1") == 1);
+  CHECK(slurp(d.file("bad")).find("2 classes but the model 3") != std::string::npos);
+}
+
+TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);
+  const std::string out = d.path + "/run";
+  const std::string script = train_cmd(d, out, 500) + " > " + d.file("log") + " 2>&1 & pid=$!; " +
+                             "for i in $(seq 1 600); do [ -f " + out + "/checkpoint.safetensors ] && break; sleep 0.05; done; " +
+                             "kill -INT $pid; wait $pid; exit $?";
+  CHECK(sh(script) == 130);
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find("resume with: relpos train --resume " + out + "/checkpoint.safetensors") != std::string::npos);
+  const int done = std::max(0, csv_rows(out + "/log.csv"));
+  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 2) + " -q > " +
+             d.file("log2") + " 2>&1") == 0);
+  INFO(slurp(d.file("log2")));
+  CHECK(csv_rows(out + "/log.csv") == done + 2);
+  CHECK(fs::exists(out + "/model.json"));
+}
+
+TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finishes") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);
+  const std::string out = d.path + "/run";
+  const std::string script = train_cmd(d, out, 500) + " -q > /dev/null 2>&1 & pid=$!; " +
+                             "for i in $(seq 1 600); do [ -f " + out + "/checkpoint.safetensors ] && break; sleep 0.05; done; " +
+                             "sleep 0.3; kill -KILL $pid; wait $pid; exit $?";
+  CHECK(sh(script) == 137);
+  // the last checkpoint is whole (files are replaced by rename), so resuming works
+  const int done = std::max(0, csv_rows(out + "/log.csv"));
+  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 2) + " -q > " +
+             d.file("log") + " 2>&1") == 0);
+  INFO(slurp(d.file("log")));
+  CHECK(csv_rows(out + "/log.csv") == done + 2);
+  CHECK(fs::exists(out + "/model.json"));
+  // and temporary files a kill left behind are gone
+  for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().string().find(".tmp.") == std::string::npos);
+}

@@ -1,0 +1,299 @@
+// Training: optimizers against PyTorch's update rules, the schedule, data loading and
+// augmentation, falling loss, determinism, and checkpoints that resume exactly.
+#include <zlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "relpos/data.hpp"
+#include "relpos/error.hpp"
+#include "relpos/ops.hpp"
+#include "relpos/optim.hpp"
+#include "relpos/trainer.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<float> weights_of(const Model& m) {
+  std::vector<float> all;
+  for (const auto& p : m.network().params()) {
+    const auto v = p.value->to_vector();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+TrainOptions small_run(const std::string& data, const std::string& out) {
+  TrainOptions o;
+  o.data = data;
+  o.epochs = 2;
+  o.batch = 16;
+  o.lr = 0.05f;
+  o.warmup_epochs = 0.5f;
+  o.out = out;
+  o.progress = false;
+  o.augment = {1, true, 0.3f};
+  o.seed = 3;
+  return o;
+}
+
+void write_gz(const std::string& path, const std::vector<std::uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+}
+
+std::vector<std::uint8_t> idx_bytes(std::vector<std::uint32_t> dims, std::uint8_t fill) {
+  std::vector<std::uint8_t> b = {0, 0, 0x08, static_cast<std::uint8_t>(dims.size())};
+  std::size_t n = 1;
+  for (auto d : dims) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(d >> s));
+    n *= d;
+  }
+  b.insert(b.end(), n, fill);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("SGD (momentum, Nesterov, weight decay) and AdamW follow PyTorch's update rules") {
+  const std::vector<float> p0 = {1.0f, -2.0f, 0.5f}, g = {0.1f, -0.3f, 0.2f};
+  SUBCASE("SGD Nesterov") {
+    Tensor p = Tensor::from_vector({3}, p0), buf = Tensor::zeros({3});
+    const Tensor gt = Tensor::from_vector({3}, g);
+    const float lr = 0.1f, mom = 0.9f, wd = 0.01f;
+    std::vector<double> ref(p0.begin(), p0.end()), b(3, 0.0);
+    for (int step = 0; step < 3; ++step) {
+      ops::sgd_update(p, gt, buf, lr, mom, true, wd, step == 0);
+      for (int i = 0; i < 3; ++i) {
+        const double gi = g[static_cast<std::size_t>(i)] + wd * ref[static_cast<std::size_t>(i)];
+        b[static_cast<std::size_t>(i)] = step == 0 ? gi : mom * b[static_cast<std::size_t>(i)] + gi;
+        ref[static_cast<std::size_t>(i)] -= lr * (gi + mom * b[static_cast<std::size_t>(i)]);
+      }
+    }
+    const auto got = p.to_vector();
+    for (int i = 0; i < 3; ++i) CHECK(got[static_cast<std::size_t>(i)] == doctest::Approx(ref[static_cast<std::size_t>(i)]).epsilon(1e-6));
+  }
+  SUBCASE("AdamW") {
+    Tensor p = Tensor::from_vector({3}, p0), m = Tensor::zeros({3}), v = Tensor::zeros({3});
+    const Tensor gt = Tensor::from_vector({3}, g);
+    const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.05;
+    std::vector<double> ref(p0.begin(), p0.end()), mm(3, 0.0), vv(3, 0.0);
+    for (int step = 1; step <= 3; ++step) {
+      ops::adamw_update(p, gt, m, v, static_cast<float>(lr), 0.9f, 0.999f, 1e-8f, static_cast<float>(wd), step);
+      for (std::size_t i = 0; i < 3; ++i) {
+        ref[i] *= 1 - lr * wd;
+        mm[i] = b1 * mm[i] + (1 - b1) * g[i];
+        vv[i] = b2 * vv[i] + (1 - b2) * g[i] * g[i];
+        const double mh = mm[i] / (1 - std::pow(b1, step)), vh = vv[i] / (1 - std::pow(b2, step));
+        ref[i] -= lr * mh / (std::sqrt(vh) + eps);
+      }
+    }
+    const auto got = p.to_vector();
+    for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("warmup then cosine") {
+  LrSchedule s;
+  s.lr = 0.1f, s.min_lr = 0.001f, s.warmup_lr = 0.0f, s.warmup_steps = 10, s.total_steps = 110;
+  CHECK(s.at(0) == doctest::Approx(0.0f));
+  CHECK(s.at(5) == doctest::Approx(0.05f));
+  CHECK(s.at(10) == doctest::Approx(0.1f));
+  CHECK(s.at(60) == doctest::Approx(0.0505f));
+  CHECK(s.at(110) == doctest::Approx(0.001f));
+  CHECK(s.at(500) == doctest::Approx(0.001f));
+}
+
+TEST_CASE("the optimizer leaves norm parameters, biases and position tables out of weight decay") {
+  Model m = Model::create(test::tiny_rgb_config(), 1);
+  int decayed = 0, exempt = 0;
+  for (const auto& p : m.network().params()) {
+    if (!p.grad) continue;
+    const bool table = p.name.find("pos_embed") != std::string::npos;
+    const bool norm_or_bias = p.name.find(".bn.") != std::string::npos || p.name.find("post_attn") != std::string::npos ||
+                              p.name.find("bias") != std::string::npos;
+    CHECK_MESSAGE(p.no_weight_decay == (table || norm_or_bias), p.name);
+    (p.no_weight_decay ? exempt : decayed)++;
+  }
+  CHECK(decayed > 0);
+  CHECK(exempt > 0);
+}
+
+TEST_CASE("IDX files: reading, and clear errors for damaged ones") {
+  test::TempDir dir;
+  auto imgs = idx_bytes({5, 4, 3}, 7);
+  auto labs = idx_bytes({5}, 2);
+  write_gz(dir.file("i.gz"), imgs);
+  write_gz(dir.file("l.gz"), labs);
+  IdxDataset d(dir.file("i.gz"), dir.file("l.gz"), {"a", "b", "c"});
+  CHECK(d.size() == 5);
+  CHECK(d.label(4) == 2);
+  CHECK(d.image(1).rows == 4);
+  CHECK(d.image(1).cols == 3);
+  CHECK(d.image(1).at<std::uint8_t>(2, 2) == 7);
+  // truncated data, a cut gzip stream, wrong label counts, out-of-range labels
+  auto cut = imgs;
+  cut.resize(cut.size() - 3);
+  write_gz(dir.file("cut.gz"), cut);
+  CHECK_THROWS_WITH_AS(IdxDataset(dir.file("cut.gz"), dir.file("l.gz"), {"a", "b", "c"}), doctest::Contains("promises"), Error);
+  std::ifstream in(dir.file("i.gz"), std::ios::binary);
+  std::string gz((std::istreambuf_iterator<char>(in)), {});
+  std::ofstream(dir.file("trunc.gz"), std::ios::binary) << gz.substr(0, gz.size() / 2);
+  CHECK_THROWS_WITH_AS(IdxDataset(dir.file("trunc.gz"), dir.file("l.gz"), {"a", "b", "c"}), doctest::Contains("trunc.gz"), Error);
+  write_gz(dir.file("l4.gz"), idx_bytes({4}, 1));
+  CHECK_THROWS_WITH_AS(IdxDataset(dir.file("i.gz"), dir.file("l4.gz"), {"a", "b", "c"}), doctest::Contains("4 labels"), Error);
+  write_gz(dir.file("l9.gz"), idx_bytes({5}, 9));
+  CHECK_THROWS_WITH_AS(IdxDataset(dir.file("i.gz"), dir.file("l9.gz"), {"a", "b", "c"}), doctest::Contains("label 9"), Error);
+  CHECK_THROWS_WITH_AS(IdxDataset(dir.file("nope.gz"), dir.file("l.gz"), {"a"}), doctest::Contains("cannot open"), Error);
+}
+
+TEST_CASE("Fashion-MNIST from the Debian package") {
+  if (!fs::exists(std::string(kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz")) {
+    MESSAGE("dataset-fashion-mnist is not installed");
+    return;
+  }
+  auto test = open_dataset("fashion-mnist", "test");
+  CHECK(test->size() == 10000);
+  CHECK(test->classes().size() == 10);
+  CHECK(test->image(0).rows == 28);
+  CHECK(test->label(0) == 9);  // the first test image is an ankle boot
+}
+
+TEST_CASE("image folders: classes from folder names; unreadable files are reported and skipped") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path, 4, 2);
+  std::ofstream(dir.path + "/train/dots/broken.png") << "not a png";
+  auto d = open_dataset(dir.path, "train");
+  CHECK(d->classes() == std::vector<std::string>{"bars", "columns", "dots"});
+  CHECK(d->size() == 13);
+  Model m = Model::create(test::tiny_rgb_config());
+  DataLoader::Options lo;
+  lo.batch = 5;
+  lo.drop_last = false;
+  lo.shuffle = false;
+  DataLoader loader(*d, m.preprocess(), lo);
+  loader.start_epoch(0);
+  Batch b;
+  std::size_t seen = 0;
+  while (loader.next(b)) seen += b.labels.size();
+  CHECK(seen == 12);
+  CHECK(loader.skipped() == 1);
+  fs::create_directories(dir.path + "/empty/x");
+  CHECK_THROWS_WITH_AS(ImageFolderDataset(dir.path + "/empty"), doctest::Contains("holds no images"), Error);
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/nothing-here", "train"), doctest::Contains("not a folder"), Error);
+}
+
+TEST_CASE("augmentation is deterministic per (seed, epoch, sample) and does what it says") {
+  const int h = 6, w = 5, c = 2;
+  std::vector<float> base(static_cast<std::size_t>(h * w * c));
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i + 1);
+  const float fill[3] = {-7.0f, -8.0f, 0.0f};
+  Augment a{2, true, 0.0f};
+  auto x1 = base, x2 = base;
+  augment_image(x1.data(), h, w, c, a, fill, 42);
+  augment_image(x2.data(), h, w, c, a, fill, 42);
+  CHECK(x1 == x2);
+  bool any_different = false;
+  for (std::uint64_t s = 0; s < 20 && !any_different; ++s) {
+    auto x3 = base;
+    augment_image(x3.data(), h, w, c, a, fill, s);
+    any_different = x3 != x1;
+  }
+  CHECK(any_different);
+  // erasing always (p = 1): some zeros appear, nothing else changes
+  Augment e{0, false, 1.0f};
+  auto x4 = base;
+  augment_image(x4.data(), h, w, c, e, fill, 7);
+  int zeros = 0;
+  for (std::size_t i = 0; i < x4.size(); ++i) {
+    if (x4[i] == 0.0f) ++zeros;
+    else CHECK(x4[i] == base[i]);
+  }
+  CHECK(zeros > 0);
+  CHECK(mix_seed(1, 2, 3) != mix_seed(1, 2, 4));
+}
+
+TEST_CASE("training a few steps lowers the loss; the same seeds give the same weights") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 40, 10);
+  auto run = [&](const std::string& out) {
+    Model m = Model::create(test::tiny_rgb_config(), 5);
+    TrainOptions o = small_run(dir.path + "/data", dir.path + "/" + out);
+    o.epochs = 8;
+    o.augment = {1, false, 0.0f};
+    const TrainResult r = train(m, o);
+    return std::make_pair(r, weights_of(m));
+  };
+  const auto [r1, w1] = run("a");
+  REQUIRE(r1.history.size() == 8);
+  for (const auto& e : r1.history) INFO("epoch " << e.epoch << " loss " << e.train_loss << " test acc " << e.test_acc);
+  std::string hist;
+  for (const auto& e : r1.history) hist += std::to_string(e.train_loss) + "/" + std::to_string(e.test_acc) + " ";
+  INFO("train loss / test accuracy per epoch: " << hist);
+  CHECK(r1.history.back().train_loss < 0.7 * r1.history.front().train_loss);
+  CHECK(r1.history.back().test_acc > 0.8);
+  const auto [r2, w2] = run("b");
+  CHECK(w1 == w2);
+  for (const char* f : {"model.json", "log.csv", "curves.png", "checkpoint.safetensors"}) CHECK(fs::exists(dir.path + "/a/" + f));
+  Model back = Model::load(dir.path + "/a/model.json");
+  CHECK(back.labels() == std::vector<std::string>{"bars", "columns", "dots"});
+}
+
+TEST_CASE("a run stopped mid-epoch or between epochs resumes to exactly the uninterrupted weights") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 12, 3);
+  const std::string data = dir.path + "/data";
+  Model full = Model::create(test::tiny_rgb_config(), 9);
+  train(full, small_run(data, dir.path + "/full"));
+  const auto want = weights_of(full);
+
+  for (long stop_at : {3L, 2L * 2}) {  // 36 images / 16 = 2 batches per epoch: mid-epoch and at a boundary
+    CAPTURE(stop_at);
+    const std::string out = dir.path + "/part" + std::to_string(stop_at);
+    Model part = Model::create(test::tiny_rgb_config(), 9);
+    TrainOptions o = small_run(data, out);
+    o.max_steps = stop_at;
+    const TrainResult r = train(part, o);
+    CHECK(!r.checkpoint.empty());
+    // a fresh process would start from the checkpoint alone
+    Model resumed = Model::create(test::tiny_rgb_config(), 123);
+    TrainOptions again = small_run(data, out);
+    train(resumed, again, out + "/checkpoint.safetensors");
+    CHECK(weights_of(resumed) == want);
+  }
+  // the stop flag (Ctrl-C) saves a checkpoint and says so
+  std::atomic<bool> stop{true};
+  Model m = Model::create(test::tiny_rgb_config(), 9);
+  const TrainResult r = train(m, small_run(data, dir.path + "/stopped"), "", &stop);
+  CHECK(r.interrupted);
+  CHECK(fs::exists(dir.path + "/stopped/checkpoint.safetensors"));
+}
+
+TEST_CASE("evaluation: confusion matrix, per-class accuracy; wrong class counts are refused") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path, 2, 5);
+  auto data = open_dataset(dir.path, "test");
+  Model m = Model::create(test::tiny_rgb_config(), 2);
+  const EvalResult r = evaluate(m, *data, 4);
+  CHECK(r.count == 15);
+  long total = 0, diag = 0;
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j) {
+      total += r.confusion[i][j];
+      if (i == j) diag += r.confusion[i][j];
+    }
+  CHECK(total == 15);
+  CHECK(r.top1 == doctest::Approx(static_cast<double>(diag) / 15));
+  CHECK(format_confusion(r).find("[2] dots") != std::string::npos);
+  plot_confusion(r, dir.file("cm.png"));
+  CHECK(fs::file_size(dir.file("cm.png")) > 1000);
+  Model ten = Model::create(test::source_dir() + "/models/tiny_botnet_96x64.json");
+  CHECK_THROWS_WITH_AS(evaluate(ten, *data), doctest::Contains("3 classes but the model 10"), Error);
+}

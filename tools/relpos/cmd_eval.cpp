@@ -1,0 +1,58 @@
+// relpos eval: top-1, per-class accuracy and the confusion matrix on a test set.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include "cli_common.hpp"
+#include "relpos/trainer.hpp"
+
+namespace relpos::cli {
+
+namespace {
+struct EvalArgs {
+  ModelOptions model;
+  PreprocessOptions pre;
+  std::string data = "fashion-mnist", split = "test", png;
+  int batch = 500;
+  bool json = false;
+};
+
+void run(const EvalArgs& a) {
+  Model model = a.model.load();
+  a.pre.apply(model);
+  const auto data = open_dataset(a.data, a.split);
+  const EvalResult r = evaluate(model, *data, a.batch);
+  if (a.json) {
+    nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"images", r.count}, {"top1", r.top1},
+                        {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
+                        {"confusion", r.confusion}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images, top-1 "
+              << 100 * r.top1 << "%, loss " << std::setprecision(4) << r.loss << "\nper class:\n";
+    for (std::size_t c = 0; c < r.classes.size(); ++c)
+      std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2)
+                << std::setw(7) << 100 * r.per_class[c] << "%\n";
+    std::cout << format_confusion(r);
+  }
+  if (!a.png.empty()) {
+    plot_confusion(r, a.png);
+    std::cerr << "relpos: wrote " << a.png << "\n";
+  }
+}
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand("eval", "Accuracy, per-class accuracy and confusion matrix on a test set");
+  a->model.add(sub);
+  sub->add_option("--data", a->data, "fashion-mnist, or a folder (with test/ or of class folders)")->capture_default_str();
+  sub->add_option("--split", a->split, "test or train")->check(CLI::IsMember({"test", "train"}))->capture_default_str();
+  sub->add_option("-b,--batch", a->batch, "Images per forward pass")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
+  sub->add_flag("--json", a->json, "Print one JSON object");
+  a->pre.add(sub);
+  sub->callback([a] { run(*a); });
+}
+
+}  // namespace relpos::cli

@@ -1,0 +1,123 @@
+// relpos train: train a model on Fashion-MNIST or an image folder.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include "cli_common.hpp"
+#include "relpos/error.hpp"
+#include "relpos/trainer.hpp"
+
+namespace relpos::cli {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_signal(int) {
+  if (g_stop.exchange(true)) _exit(130);  // a second Ctrl-C: leave at once
+  const char msg[] = "\nrelpos: stopping after this step; saving a checkpoint (Ctrl-C again to quit now)\n";
+  const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  (void)ignored;
+}
+
+struct TrainArgs {
+  std::string config, resume, device = "cpu", save;
+  bool epochs_given = false;
+  int threads = 0;
+  std::uint32_t init_seed = 0;
+  bool no_flip = false, quiet = false, no_eval = false;
+  TrainOptions opt;
+};
+
+void run(TrainArgs a) {
+  set_threads(a.threads);
+  if (a.no_flip) a.opt.augment.hflip = false;
+  if (a.quiet) a.opt.progress = false;
+  if (a.no_eval) a.opt.eval_each_epoch = false;
+  RELPOS_CHECK(!a.config.empty() || !a.resume.empty(), "give --config (a new run) or --resume (a checkpoint)");
+  Model model = a.resume.empty() ? Model::create(a.config, a.init_seed) : load_checkpoint_model(a.resume);
+  model.to(parse_device(a.device));
+  if (a.resume.empty())
+    std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
+              << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
+              << a.opt.epochs << " epochs of batch " << a.opt.batch << ", " << a.opt.optimizer.kind << " lr " << a.opt.lr
+              << ", " << threads_in_use() << " threads, " << a.device << "; writing " << a.opt.out << "/\n";
+  else
+    std::cerr << "relpos: resuming " << a.resume << "\n";
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const TrainResult r = train(model, a.opt, a.resume, &g_stop, a.epochs_given ? a.opt.epochs : 0);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (r.interrupted) {
+    std::cerr << "relpos: interrupted; checkpoint saved to " << r.checkpoint << "\n  resume with: relpos train --resume "
+              << r.checkpoint << "\n";
+    exit_status() = 130;
+    return;
+  }
+  if (r.images > 0)
+    std::cerr << std::fixed << std::setprecision(1) << "relpos: trained on " << r.images << " images in "
+              << r.step_seconds << " s of training steps (" << r.images / r.step_seconds << " img/s)\n";
+  if (!r.checkpoint.empty() && r.history.empty()) {
+    std::cerr << "relpos: stopped after --max-steps; checkpoint saved to " << r.checkpoint << "\n";
+    return;
+  }
+  const std::string out = std::filesystem::path(r.checkpoint).parent_path().string();
+  if (!r.history.empty()) {
+    const EpochLog& last = r.history.back();
+    std::cerr << std::fixed << std::setprecision(2) << "relpos: done in " << r.seconds / 60.0 << " min";
+    if (last.test_acc >= 0) std::cerr << "; test accuracy " << 100 * last.test_acc << "%";
+    std::cerr << "; wrote " << (out.empty() ? "." : out) << "/model.json, log.csv, curves.png\n";
+  }
+  if (!a.save.empty()) {
+    model.save_json(a.save);
+    std::cerr << "relpos: saved " << a.save << "\n";
+  }
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* sub = app.add_subcommand("train", "Train a model (Fashion-MNIST or a folder of class folders)");
+  sub->add_option("-c,--config", a->config, "Model config (path or shipped name)");
+  sub->add_option("--resume", a->resume, "Continue from a checkpoint (its options are used; --epochs extends the run)");
+  sub->add_option("--data", a->opt.data, "fashion-mnist, or a folder with train/ and test/ of class folders")
+      ->capture_default_str();
+  sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("-b,--batch", a->opt.batch, "Batch size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  sub->add_option("--lr", a->opt.lr, "Peak learning rate")->capture_default_str();
+  sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")->capture_default_str();
+  sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->capture_default_str();
+  sub->add_option("--opt", a->opt.optimizer.kind, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->capture_default_str();
+  sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
+  sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->capture_default_str();
+  sub->add_option("--smoothing", a->opt.label_smoothing, "Label smoothing")->capture_default_str();
+  sub->add_option("--pad", a->opt.augment.pad, "Random-crop padding in pixels (0: off)")->capture_default_str();
+  sub->add_flag("--no-flip", a->no_flip, "No random horizontal flips");
+  sub->add_option("--erase", a->opt.augment.erase_prob, "Random-erasing probability")->capture_default_str();
+  sub->add_option("--seed", a->opt.seed, "Seed of data order and augmentation")->capture_default_str();
+  sub->add_option("--init-seed", a->init_seed, "Seed of the initial weights")->capture_default_str();
+  sub->add_option("-o,--out", a->opt.out, "Output folder")->capture_default_str();
+  sub->add_option("--save", a->save, "Also write the trained model (relpos weights JSON) here");
+  sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--threads", a->threads, "CPU threads (default: all cores)");
+  sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
+  sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint)");
+  sub->add_flag("--no-eval", a->no_eval, "Skip the test-set evaluation after each epoch");
+  sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
+  sub->callback([a, sub] {
+    a->epochs_given = sub->count("--epochs") > 0;
+    run(*a);
+  });
+}
+
+}  // namespace relpos::cli
