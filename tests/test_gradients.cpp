@@ -104,15 +104,32 @@ TEST_CASE("batch norm (batch statistics), activations, add, pools, linear, cross
     Tensor rm = Tensor::zeros({4}), rv = Tensor::full({4}, 1.0f);
     ops::BatchStats st;
     const Tensor g = rnd(x.shape(), 7);
-    ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, st);
+    ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::None, st);
     const auto gr = ops::batchnorm_backward(x, gamma, st, g);
     auto loss = [&] {
       ops::BatchStats s;
-      return inner(ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, s), g);
+      return inner(ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::None, s), g);
     };
     fd_check(loss, x, gr.dx, "bn dx", 1e-2f, 3e-2);
     fd_check(loss, gamma, gr.dgamma, "bn dgamma");
     fd_check(loss, beta, gr.dbeta, "bn dbeta");
+  }
+  SUBCASE("batch norm with a fused activation (ReLU fused on the CPU, SiLU after)") {
+    for (Act a : {Act::ReLU, Act::SiLU}) {
+      Tensor x = rnd({3, 4, 3, 2}, 40, 2.0f, Layout::ChannelsLast), gamma = rnd({4}, 41), beta = rnd({4}, 42);
+      Tensor rm = Tensor::zeros({4}), rv = Tensor::full({4}, 1.0f);
+      ops::BatchStats st;
+      const Tensor g = rnd(x.shape(), 43);
+      ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, a, st);
+      const auto gr = ops::batchnorm_backward(x, gamma, st, g);
+      auto loss = [&] {
+        ops::BatchStats s;
+        return inner(ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, a, s), g);
+      };
+      fd_check(loss, x, gr.dx, "bn+" + to_string(a) + " dx", 1e-3f, 3e-2);
+      fd_check(loss, gamma, gr.dgamma, "bn+" + to_string(a) + " dgamma", 1e-3f);
+      fd_check(loss, beta, gr.dbeta, "bn+" + to_string(a) + " dbeta", 1e-3f);
+    }
   }
   SUBCASE("relu and silu") {
     for (Act a : {Act::ReLU, Act::SiLU}) {

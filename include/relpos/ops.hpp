@@ -31,6 +31,12 @@ class OpCache {
   std::map<std::string, std::shared_ptr<void>> plans_;
 };
 
+// Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
+// products (faster, about 3 significant digits). Off by default, so that GPU results match the
+// CPU and timm to float32 rounding. The CPU backend always computes in float32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 namespace ops {
 
 struct ConvSpec {
@@ -58,18 +64,23 @@ ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, co
 // Batch norm over (N, H, W) per channel.
 Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
                        const Tensor& var, float eps, Act act);
-struct BatchStats {
-  Tensor mean;  // (C) batch mean
-  Tensor var;   // (C) biased batch variance
+struct BatchStats {  // what the backward needs; each backend fills what it uses
+  Tensor mean;     // (C) batch mean
+  Tensor var;      // (C) biased batch variance (CPU)
+  Tensor inv_std;  // (C) 1 / sqrt(var + eps) (CUDA: cuDNN's saved inverse variance)
   float eps = 1e-5f;
+  Act act = Act::None;
+  Tensor aux;      // the activation's saved state: oneDNN's fused-ReLU workspace, or the
+                   // pre-activation output
 };
-// Normalises with batch statistics, returns the pre-activation output; updates running_mean and
-// running_var in place with `momentum` (running_var takes the unbiased batch variance).
+// act(batch norm with batch statistics); updates running_mean and running_var in place with
+// `momentum` (running_var takes the unbiased batch variance). ReLU runs fused on the CPU.
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, BatchStats& stats);
+                       Tensor& running_var, float eps, float momentum, Act act, BatchStats& stats);
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
 };
+// dy is the gradient of the activated output.
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
                                   const Tensor& dy);
 

@@ -1,4 +1,5 @@
 // Routes each op to the backend that holds its inputs.
+#include <atomic>
 #include <initializer_list>
 
 #include "cpu/cpu_ops.hpp"
@@ -27,6 +28,12 @@ std::string to_string(Act a) {
   }
   return "?";
 }
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};
+}
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
 
 std::shared_ptr<void> OpCache::find(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -69,9 +76,9 @@ Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   RELPOS_DISPATCH(x, batchnorm_infer, x, gamma, beta, mean, var, eps, act);
 }
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, BatchStats& stats) {
+                       Tensor& running_var, float eps, float momentum, Act act, BatchStats& stats) {
   same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var});
-  RELPOS_DISPATCH(x, batchnorm_train, x, gamma, beta, running_mean, running_var, eps, momentum, stats);
+  RELPOS_DISPATCH(x, batchnorm_train, x, gamma, beta, running_mean, running_var, eps, momentum, act, stats);
 }
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats, const Tensor& dy) {
   same_device("batch norm backward", x, {&gamma, &dy});

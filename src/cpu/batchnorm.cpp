@@ -16,6 +16,11 @@ void check_params(const Tensor& x, std::initializer_list<const Tensor*> params) 
 }
 
 dnnl::memory::desc vec_md(std::int64_t c) { return dnnl::memory::desc({c}, dt::f32, tag::a); }
+
+bn_flags train_flags(bool fused_relu) {
+  const auto f = bn_flags::use_scale | bn_flags::use_shift;
+  return fused_relu ? f | bn_flags::fuse_norm_relu : f;
+}
 }  // namespace
 
 Tensor batchnorm_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
@@ -46,28 +51,33 @@ Tensor batchnorm_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& be
 }
 
 Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, ops::BatchStats& stats) {
+                       Tensor& running_var, float eps, float momentum, Act act, ops::BatchStats& stats) {
   const Tensor x = as_channels_last(x_in);
   check_params(x, {&gamma, &beta, &running_mean, &running_var});
   const std::int64_t count = x.dim(0) * x.dim(2) * x.dim(3);
   RELPOS_CHECK(count > 1, "batch norm in training needs more than one value per channel, got input "
                               << to_string(x.shape()));
   auto md = md_nhwc(x.shape());
-  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_training, md, eps,
-                                            bn_flags::use_scale | bn_flags::use_shift);
+  const bool fused = act == Act::ReLU;  // oneDNN fuses ReLU, keeping a bit mask for the backward
+  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_training, md, eps, train_flags(fused));
   dnnl::batch_normalization_forward::primitive_desc pd(d, scratch_attr(), engine());
   const auto c = x.dim(1);
   Tensor y(x.shape(), Device::CPU, Layout::ChannelsLast);
   stats.mean = Tensor({c});
   stats.var = Tensor({c});
   stats.eps = eps;
-  execute(dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, mem(md, x)},
-           {DNNL_ARG_DST, mem(md, y)},
-           {DNNL_ARG_MEAN, mem(vec_md(c), stats.mean)},
-           {DNNL_ARG_VARIANCE, mem(vec_md(c), stats.var)},
-           {DNNL_ARG_SCALE, mem(vec_md(c), gamma)},
-           {DNNL_ARG_SHIFT, mem(vec_md(c), beta)}});
+  stats.act = act;
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(md, x)},
+                                             {DNNL_ARG_DST, mem(md, y)},
+                                             {DNNL_ARG_MEAN, mem(vec_md(c), stats.mean)},
+                                             {DNNL_ARG_VARIANCE, mem(vec_md(c), stats.var)},
+                                             {DNNL_ARG_SCALE, mem(vec_md(c), gamma)},
+                                             {DNNL_ARG_SHIFT, mem(vec_md(c), beta)}};
+  if (fused) {
+    stats.aux = Tensor({static_cast<std::int64_t>((pd.workspace_desc().get_size() + 3) / 4)});
+    args.emplace(DNNL_ARG_WORKSPACE, mem(pd.workspace_desc(), stats.aux));
+  }
+  execute(dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(), std::move(args));
   const float unbias = static_cast<float>(count) / static_cast<float>(count - 1);
   float* rm = running_mean.data();
   float* rv = running_var.data();
@@ -77,21 +87,28 @@ Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& be
     rm[i] = (1.0f - momentum) * rm[i] + momentum * m[i];
     rv[i] = (1.0f - momentum) * rv[i] + momentum * v[i] * unbias;
   }
-  return y;
+  if (fused) return y;  // stats.aux holds the workspace
+  if (act == Act::None) {
+    stats.aux = Tensor();
+    return y;
+  }
+  stats.aux = y;  // the pre-activation output, for the activation's backward
+  return activation(y, act);
 }
 
-ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma,
-                                       const ops::BatchStats& stats, const Tensor& dy_in) {
+ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma, const ops::BatchStats& stats,
+                                       const Tensor& dy_in) {
   const Tensor x = as_channels_last(x_in);
-  const Tensor dy = as_channels_last(dy_in);
   check_params(x, {&gamma, &stats.mean, &stats.var});
-  RELPOS_CHECK(dy.shape() == x.shape(), "batch norm backward: gradient " << dy.describe()
-                                                                         << " does not match input");
+  RELPOS_CHECK(dy_in.shape() == x.shape(), "batch norm backward: gradient " << dy_in.describe()
+                                                                            << " does not match input");
+  const bool fused = stats.act == Act::ReLU;
+  const Tensor dy = as_channels_last(fused || stats.act == Act::None ? dy_in
+                                                                     : activation_backward(stats.aux, dy_in, stats.act));
   auto md = md_nhwc(x.shape());
-  const auto flags = bn_flags::use_scale | bn_flags::use_shift;
-  dnnl::batch_normalization_forward::desc fd(dnnl::prop_kind::forward_training, md, stats.eps, flags);
+  dnnl::batch_normalization_forward::desc fd(dnnl::prop_kind::forward_training, md, stats.eps, train_flags(fused));
   dnnl::batch_normalization_forward::primitive_desc fpd(fd, scratch_attr(), engine());
-  dnnl::batch_normalization_backward::desc d(dnnl::prop_kind::backward, md, md, stats.eps, flags);
+  dnnl::batch_normalization_backward::desc d(dnnl::prop_kind::backward, md, md, stats.eps, train_flags(fused));
   dnnl::batch_normalization_backward::primitive_desc pd(d, scratch_attr(), engine(), fpd);
   const auto c = x.dim(1);
   ops::BatchNormGrads g;
@@ -99,16 +116,20 @@ ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma,
   g.dgamma = Tensor({c});
   g.dbeta = Tensor({c});
   Tensor beta_unused = Tensor::zeros({c});
-  execute(dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, mem(md, x)},
-           {DNNL_ARG_DIFF_DST, mem(md, dy)},
-           {DNNL_ARG_MEAN, mem(vec_md(c), stats.mean)},
-           {DNNL_ARG_VARIANCE, mem(vec_md(c), stats.var)},
-           {DNNL_ARG_SCALE, mem(vec_md(c), gamma)},
-           {DNNL_ARG_SHIFT, mem(vec_md(c), beta_unused)},
-           {DNNL_ARG_DIFF_SRC, mem(md, g.dx)},
-           {DNNL_ARG_DIFF_SCALE, mem(vec_md(c), g.dgamma)},
-           {DNNL_ARG_DIFF_SHIFT, mem(vec_md(c), g.dbeta)}});
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(md, x)},
+                                             {DNNL_ARG_DIFF_DST, mem(md, dy)},
+                                             {DNNL_ARG_MEAN, mem(vec_md(c), stats.mean)},
+                                             {DNNL_ARG_VARIANCE, mem(vec_md(c), stats.var)},
+                                             {DNNL_ARG_SCALE, mem(vec_md(c), gamma)},
+                                             {DNNL_ARG_SHIFT, mem(vec_md(c), beta_unused)},
+                                             {DNNL_ARG_DIFF_SRC, mem(md, g.dx)},
+                                             {DNNL_ARG_DIFF_SCALE, mem(vec_md(c), g.dgamma)},
+                                             {DNNL_ARG_DIFF_SHIFT, mem(vec_md(c), g.dbeta)}};
+  if (fused) {
+    RELPOS_CHECK(stats.aux.defined(), "batch norm backward: the fused ReLU's workspace is missing");
+    args.emplace(DNNL_ARG_WORKSPACE, mem(fpd.workspace_desc(), stats.aux));
+  }
+  execute(dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(), std::move(args));
   return g;
 }
 

@@ -32,7 +32,7 @@ class ResidualBlock : public Module {
   std::unique_ptr<ConvNormAct> conv1_, conv3_;
 
  private:
-  Tensor sum_;  // saved pre-activation output
+  Tensor sum_;  // saved: the pre-activation sum, or for ReLU the output (same gradient mask)
 };
 
 class BottleneckBlock : public ResidualBlock {

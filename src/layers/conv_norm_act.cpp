@@ -63,14 +63,12 @@ Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act) cons
 Tensor ConvNormAct::forward(const Tensor& x) {
   x_ = x;
   y_ = ops::conv2d(x, weight_, nullptr, spec_);
-  z_ = ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, stats_);
-  return ops::activation(z_, act_);
+  return ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, act_, stats_);
 }
 
 Tensor ConvNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  const Tensor dz = ops::activation_backward(z_, dy, act_);
-  ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dz);
+  ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dy);
   dgamma_ = bn.dgamma;
   dbeta_ = bn.dbeta;
   ops::ConvGrads g = ops::conv2d_backward(x_, weight_, bn.dx, spec_, need_input_grad_);
@@ -79,7 +77,7 @@ Tensor ConvNormAct::backward(const Tensor& dy) {
 }
 
 void ConvNormAct::release_saved() {
-  x_ = y_ = z_ = Tensor();
+  x_ = y_ = Tensor();
   stats_ = {};
 }
 
@@ -120,20 +118,19 @@ Tensor BatchNormAct::infer(const Tensor& x) const {
 
 Tensor BatchNormAct::forward(const Tensor& x) {
   x_ = x;
-  z_ = ops::batchnorm_train(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, ConvNormAct::kMomentum, stats_);
-  return ops::activation(z_, act_);
+  return ops::batchnorm_train(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, ConvNormAct::kMomentum, act_, stats_);
 }
 
 Tensor BatchNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  ops::BatchNormGrads bn = ops::batchnorm_backward(x_, gamma_, stats_, ops::activation_backward(z_, dy, act_));
+  ops::BatchNormGrads bn = ops::batchnorm_backward(x_, gamma_, stats_, dy);
   dgamma_ = bn.dgamma;
   dbeta_ = bn.dbeta;
   return bn.dx;
 }
 
 void BatchNormAct::release_saved() {
-  x_ = z_ = Tensor();
+  x_ = Tensor();
   stats_ = {};
 }
 

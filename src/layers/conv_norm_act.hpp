@@ -43,7 +43,7 @@ class ConvNormAct : public Module {
   Tensor folded_w_, folded_b_;  // inference weights
   mutable OpCache cache_;
   // saved by forward()
-  Tensor x_, y_, z_;
+  Tensor x_, y_;
   ops::BatchStats stats_;
 };
 
@@ -62,7 +62,7 @@ class BatchNormAct : public Module {
   int channels_;
   Act act_;
   Tensor gamma_, beta_, mean_, var_, dgamma_, dbeta_;
-  Tensor x_, z_;
+  Tensor x_;
   ops::BatchStats stats_;
 };
 

@@ -39,13 +39,16 @@ Tensor ResidualBlock::forward(const Tensor& x) {
   const Tensor sc = shortcut_ ? shortcut_->forward(x) : x;
   Tensor h = conv1_->forward(x);
   for (auto& [name, m] : body()) h = m->forward(h);
+  // ReLU's gradient mask can come from its output, so add and ReLU run as one op; other
+  // activations keep the sum for their backward.
+  if (act_ == Act::ReLU) return sum_ = ops::add(conv3_->forward(h), sc, Act::ReLU);
   sum_ = ops::add(conv3_->forward(h), sc);
   return ops::activation(sum_, act_);
 }
 
 Tensor ResidualBlock::backward(const Tensor& dy) {
   RELPOS_CHECK(sum_.defined(), "internal: backward() without forward()");
-  const Tensor ds = ops::activation_backward(sum_, dy, act_);
+  const Tensor ds = ops::activation_backward(sum_, dy, act_);  // for ReLU sum_ is the output: same mask
   Tensor dh = conv3_->backward(ds);
   const auto layers = body();
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = it->second->backward(dh);

@@ -1,0 +1,209 @@
+// Convolution on the GPU through cuDNN. Activations are NHWC; weights are kept (transposed
+// once per plan) in cuDNN's NHWC filter layout (KRSC). With a ReLU epilogue, bias, residual add
+// and activation run fused in cudnnConvolutionBiasActivationForward.
+#include <sstream>
+#include <vector>
+
+#include "core/device_memory.hpp"
+#include "cuda/cuda_common.hpp"
+#include "cuda/cuda_ops.hpp"
+#include "cuda/elementwise.cuh"
+
+namespace relpos::cuda {
+
+namespace {
+
+struct Geometry {
+  int n, c, h, w, o, kh, kw, oh, ow, groups, stride, pad;
+};
+
+Geometry geometry(const Tensor& x, const Tensor& w, const ops::ConvSpec& s) {
+  RELPOS_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv2d: bad shapes " << x.describe() << ", " << w.describe());
+  Geometry g{};
+  g.n = static_cast<int>(x.dim(0)), g.c = static_cast<int>(x.dim(1)), g.h = static_cast<int>(x.dim(2)),
+  g.w = static_cast<int>(x.dim(3));
+  g.o = static_cast<int>(w.dim(0)), g.kh = static_cast<int>(w.dim(2)), g.kw = static_cast<int>(w.dim(3));
+  g.groups = s.groups, g.stride = s.stride, g.pad = s.pad;
+  RELPOS_CHECK(g.c % g.groups == 0 && w.dim(1) * g.groups == g.c, "conv2d: weight " << w.describe()
+                                                                                    << " does not fit input " << x.describe());
+  g.oh = (g.h + 2 * g.pad - g.kh) / g.stride + 1;
+  g.ow = (g.w + 2 * g.pad - g.kw) / g.stride + 1;
+  RELPOS_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input smaller than the kernel");
+  return g;
+}
+
+struct Descs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnActivationDescriptor_t act = nullptr;
+  explicit Descs(const Geometry& g) {
+    RELPOS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    RELPOS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    RELPOS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias));
+    RELPOS_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    RELPOS_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    RELPOS_CUDNN_CHECK(cudnnCreateActivationDescriptor(&act));
+    RELPOS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, g.n, g.c, g.h, g.w));
+    RELPOS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, g.n, g.o, g.oh, g.ow));
+    RELPOS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, g.o, 1, 1));
+    RELPOS_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, g.o, g.c / g.groups, g.kh, g.kw));
+    RELPOS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, g.pad, g.pad, g.stride, g.stride, 1, 1,
+                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    RELPOS_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, g.groups));
+    RELPOS_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    RELPOS_CUDNN_CHECK(cudnnSetActivationDescriptor(act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    int n, c, h, ww;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &c, &h, &ww));
+    RELPOS_CHECK(n == g.n && c == g.o && h == g.oh && ww == g.ow, "internal: cuDNN output size disagrees");
+  }
+  ~Descs() {
+    cudnnDestroyTensorDescriptor(x);
+    cudnnDestroyTensorDescriptor(y);
+    cudnnDestroyTensorDescriptor(bias);
+    cudnnDestroyFilterDescriptor(w);
+    cudnnDestroyConvolutionDescriptor(conv);
+    cudnnDestroyActivationDescriptor(act);
+  }
+  Descs(const Descs&) = delete;
+  Descs& operator=(const Descs&) = delete;
+};
+
+// OIHW -> OHWI (cuDNN's KRSC) and back: the layout change of images, per output channel.
+Tensor to_krsc(const Tensor& w) {
+  Tensor out(w.shape(), Device::CUDA);
+  detail::cuda_nchw_to_nhwc(w.data(), out.data(), w.dim(0), w.dim(1), w.dim(2) * w.dim(3));
+  return out;
+}
+Tensor from_krsc(const Tensor& w) {
+  Tensor out(w.shape(), Device::CUDA);
+  detail::cuda_nhwc_to_nchw(w.data(), out.data(), w.dim(0), w.dim(1), w.dim(2) * w.dim(3));
+  return out;
+}
+
+template <typename Perf>
+const Perf& pick(const std::vector<Perf>& perfs, int returned, const char* what) {
+  for (int i = 0; i < returned; ++i)
+    if (perfs[static_cast<std::size_t>(i)].status == CUDNN_STATUS_SUCCESS) return perfs[static_cast<std::size_t>(i)];
+  RELPOS_FAIL("cuDNN found no " << what << " algorithm for this convolution");
+}
+
+struct Plan {
+  explicit Plan(const Geometry& g) : d(g) {}
+  Descs d;
+  cudnnConvolutionFwdAlgo_t algo{};
+  std::size_t ws = 0;
+  Tensor w_krsc, bias;
+};
+
+std::shared_ptr<Plan> make_plan(const Geometry& g, const Tensor& w, const Tensor* bias, bool fused_relu) {
+  auto plan = std::make_shared<Plan>(g);
+  cudnnHandle_t h = context().cudnn;
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+  int returned = 0;
+  RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
+                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perfs.data()));
+  const auto& best = pick(perfs, returned, "forward");
+  plan->algo = best.algo;
+  RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
+                                                             plan->algo, &plan->ws));
+  plan->w_krsc = to_krsc(w);
+  if (bias) plan->bias = bias->clone();
+  else if (fused_relu) plan->bias = Tensor::zeros({g.o}, Device::CUDA);  // the fused call needs one
+  return plan;
+}
+
+std::string key_of(const Geometry& g, const ops::Epilogue& ep, bool bias) {
+  std::ostringstream os;
+  os << "cudnn-conv:" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << g.stride << ',' << g.pad << ','
+     << g.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act) << bias << tf32();
+  return os.str();
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops::ConvSpec& spec,
+              const ops::Epilogue& ep, OpCache* cache) {
+  require_cuda(x_in, "conv2d");
+  const Tensor x = x_in.channels_last();
+  const Geometry g = geometry(x, w, spec);
+  const bool fused_relu = ep.act == Act::ReLU;
+  std::shared_ptr<Plan> plan;
+  const std::string key = key_of(g, ep, bias != nullptr);
+  if (cache) plan = std::static_pointer_cast<Plan>(cache->find(key));
+  if (!plan) {
+    plan = make_plan(g, w, bias, fused_relu);
+    if (cache) cache->put(key, plan);
+  }
+  Tensor y({g.n, g.o, g.oh, g.ow}, Device::CUDA, Layout::ChannelsLast);
+  const float one = 1.0f, zero = 0.0f;
+  cudnnHandle_t h = context().cudnn;
+  void* ws = plan->ws ? workspace(plan->ws) : nullptr;
+  if (fused_relu) {
+    // y = relu(conv(x) + residual + bias)
+    const Tensor* z = ep.residual;
+    const Tensor zl = z ? z->channels_last() : Tensor();
+    const float alpha2 = z ? 1.0f : 0.0f;
+    RELPOS_CUDNN_CHECK(cudnnConvolutionBiasActivationForward(
+        h, &one, plan->d.x, x.data(), plan->d.w, plan->w_krsc.data(), plan->d.conv, plan->algo, ws, plan->ws, &alpha2,
+        plan->d.y, z ? zl.data() : y.data(), plan->d.bias, plan->bias.data(), plan->d.act, plan->d.y, y.data()));
+    return y;
+  }
+  float beta = 0.0f;
+  if (ep.residual) {
+    y.copy_from(*ep.residual);
+    beta = 1.0f;
+  }
+  RELPOS_CUDNN_CHECK(cudnnConvolutionForward(h, &one, plan->d.x, x.data(), plan->d.w, plan->w_krsc.data(), plan->d.conv,
+                                             plan->algo, ws, plan->ws, &beta, plan->d.y, y.data()));
+  if (plan->bias.defined())
+    RELPOS_CUDNN_CHECK(cudnnAddTensor(h, &one, plan->d.bias, plan->bias.data(), &one, plan->d.y, y.data()));
+  if (ep.act != Act::None) apply_activation_inplace(y, ep.act);
+  (void)zero;
+  return y;
+}
+
+ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor& dy_in, const ops::ConvSpec& spec,
+                               bool need_dx) {
+  require_cuda(x_in, "conv2d backward");
+  const Tensor x = x_in.channels_last();
+  const Tensor dy = dy_in.channels_last();
+  const Geometry g = geometry(x, w, spec);
+  RELPOS_CHECK(dy.shape() == Shape({g.n, g.o, g.oh, g.ow}), "conv2d backward: gradient " << dy.describe());
+  Descs d(g);
+  cudnnHandle_t h = context().cudnn;
+  const float one = 1.0f, zero = 0.0f;
+  ops::ConvGrads grads;
+  {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    int returned = 0;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
+                                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
+                                                                     perfs.data()));
+    const auto algo = pick(perfs, returned, "backward-filter").algo;
+    std::size_t ws = 0;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &ws));
+    Tensor dw_krsc(w.shape(), Device::CUDA);
+    RELPOS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.data(), d.y, dy.data(), d.conv, algo,
+                                                      ws ? workspace(ws) : nullptr, ws, &zero, d.w, dw_krsc.data()));
+    grads.dw = from_krsc(dw_krsc);
+  }
+  if (need_dx) {
+    const Tensor w_krsc = to_krsc(w);
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    int returned = 0;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
+                                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
+                                                                   perfs.data()));
+    const auto algo = pick(perfs, returned, "backward-data").algo;
+    std::size_t ws = 0;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &ws));
+    grads.dx = Tensor(x.shape(), Device::CUDA, Layout::ChannelsLast);
+    RELPOS_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w_krsc.data(), d.y, dy.data(), d.conv, algo,
+                                                    ws ? workspace(ws) : nullptr, ws, &zero, d.x, grads.dx.data()));
+  }
+  return grads;
+}
+
+}  // namespace relpos::cuda

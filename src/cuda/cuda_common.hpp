@@ -1,0 +1,65 @@
+// Internal: CUDA backend plumbing. Each host thread that runs relpos ops gets its own stream,
+// cuBLAS handle and cuDNN handle (cuBLAS and cuDNN handles must not be shared between threads),
+// so that concurrent calls on one loaded model are safe. Device memory comes from a caching
+// allocator with one pool per stream (a freed block is only handed out again on the stream that
+// used it, so stream order keeps it safe without synchronising).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+
+#include "relpos/error.hpp"
+#include "relpos/tensor.hpp"
+
+#define RELPOS_CUDA_CHECK(expr)                                                                        \
+  do {                                                                                                 \
+    const cudaError_t relpos_e_ = (expr);                                                              \
+    RELPOS_CHECK(relpos_e_ == cudaSuccess, "CUDA error: " << cudaGetErrorString(relpos_e_) << " (" #expr ")"); \
+  } while (0)
+#define RELPOS_CUBLAS_CHECK(expr)                                                             \
+  do {                                                                                        \
+    const cublasStatus_t relpos_s_ = (expr);                                                  \
+    RELPOS_CHECK(relpos_s_ == CUBLAS_STATUS_SUCCESS, "cuBLAS error " << static_cast<int>(relpos_s_) << " (" #expr ")"); \
+  } while (0)
+#define RELPOS_CUDNN_CHECK(expr)                                                                       \
+  do {                                                                                                 \
+    const cudnnStatus_t relpos_s_ = (expr);                                                            \
+    RELPOS_CHECK(relpos_s_ == CUDNN_STATUS_SUCCESS, "cuDNN error: " << cudnnGetErrorString(relpos_s_) << " (" #expr ")"); \
+  } while (0)
+// After a kernel launch: launch errors (bad configuration) surface here.
+#define RELPOS_CUDA_LAUNCHED() RELPOS_CUDA_CHECK(cudaGetLastError())
+
+namespace relpos::cuda {
+
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  Context();
+  ~Context();
+};
+// The calling thread's context (created on first use).
+Context& context();
+inline cudaStream_t stream() { return context().stream; }
+
+// A scratch buffer on the calling thread's stream (grows, never shrinks).
+void* workspace(std::size_t bytes);
+
+// Whether cuDNN and cuBLAS may use TF32 tensor cores for float32 work (off by default, so that
+// results match the CPU to float32 rounding; the benchmarks turn it on and say so).
+bool tf32();
+
+inline unsigned blocks_for(std::int64_t n, int threads = 256) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+void require_cuda(const Tensor& t, const char* what);
+
+// Row-major C = alpha op(A) op(B) + beta C on the calling thread's stream (cuBLAS).
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+}  // namespace relpos::cuda

@@ -1,0 +1,196 @@
+// Device memory for the CUDA build: per-stream caching pools, copies and layout changes.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/caching_allocator.hpp"
+#include "core/device_memory.hpp"
+#include "cuda/cuda_common.hpp"
+#include "relpos/ops.hpp"
+
+namespace relpos {
+
+namespace cuda {
+
+Context::Context() {
+  RELPOS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  RELPOS_CUBLAS_CHECK(cublasCreate(&cublas));
+  RELPOS_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  RELPOS_CUDNN_CHECK(cudnnCreate(&cudnn));
+  RELPOS_CUDNN_CHECK(cudnnSetStream(cudnn, stream));
+}
+
+Context::~Context() {
+  // Errors are ignored here: at process exit the runtime may already be gone.
+  if (stream) cudaStreamSynchronize(stream);
+  if (cudnn) cudnnDestroy(cudnn);
+  if (cublas) cublasDestroy(cublas);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+Context& context() {
+  thread_local Context ctx;
+  return ctx;
+}
+
+namespace {
+struct Workspace {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  ~Workspace() {
+    if (p) cudaFree(p);
+  }
+};
+}  // namespace
+
+void* workspace(std::size_t bytes) {
+  thread_local Workspace ws;
+  if (bytes > ws.bytes) {
+    cudaStream_t s = stream();
+    RELPOS_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer may still be in use
+    if (ws.p) RELPOS_CUDA_CHECK(cudaFree(ws.p));
+    ws.bytes = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+    RELPOS_CUDA_CHECK(cudaMalloc(&ws.p, ws.bytes));
+  }
+  return ws.p;
+}
+
+bool tf32() { return allow_tf32(); }
+
+void require_cuda(const Tensor& t, const char* what) {
+  RELPOS_CHECK(t.is_cuda(), what << ": expected a CUDA tensor, got " << t.describe());
+}
+
+}  // namespace cuda
+
+namespace detail {
+
+namespace {
+
+class StreamPools {
+ public:
+  void* allocate(std::size_t bytes) {
+    cudaStream_t s = cuda::stream();
+    void* p = pool(s).allocate(bytes);
+    RELPOS_CHECK(p != nullptr, "out of GPU memory allocating " << bytes << " bytes");
+    std::lock_guard<std::mutex> lock(mutex_);
+    owner_[p] = s;
+    return p;
+  }
+  void release(void* p, std::size_t bytes) {
+    cudaStream_t s;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = owner_.find(p);
+      if (it == owner_.end()) return;
+      s = it->second;
+      owner_.erase(it);
+    }
+    pool(s).release(p, bytes);
+  }
+
+ private:
+  CachingAllocator& pool(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& a = pools_[s];
+    if (!a) {
+      const char* env = std::getenv("RELPOS_CUDA_CACHE_MB");
+      const std::size_t cap = static_cast<std::size_t>(env ? std::atol(env) : 32768) << 20;
+      a = std::make_unique<CachingAllocator>(
+          [](std::size_t n) -> void* {
+            void* q = nullptr;
+            return cudaMalloc(&q, n) == cudaSuccess ? q : nullptr;
+          },
+          [](void* q) { cudaFree(q); }, 0, cap);
+    }
+    return *a;
+  }
+  std::mutex mutex_;
+  std::map<cudaStream_t, std::unique_ptr<CachingAllocator>> pools_;
+  std::unordered_map<void*, cudaStream_t> owner_;
+};
+
+StreamPools& pools() {
+  static StreamPools* p = new StreamPools();  // never destroyed: outlives thread-local streams
+  return *p;
+}
+
+__global__ void fill_kernel(float* p, std::size_t n, float v) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+// 32x32 tiles through shared memory: coalesced reads and writes for both layouts.
+template <bool kToNhwc>
+__global__ void permute_kernel(const float* src, float* dst, std::int64_t c, std::int64_t hw) {
+  __shared__ float tile[32][33];
+  const std::int64_t b = blockIdx.z;
+  const std::int64_t rows = kToNhwc ? c : hw, cols = kToNhwc ? hw : c;  // source is rows x cols
+  const float* s = src + b * c * hw;
+  float* d = dst + b * c * hw;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const std::int64_t r = r0 + k, cc = c0 + threadIdx.x;
+    if (r < rows && cc < cols) tile[k][threadIdx.x] = s[r * cols + cc];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const std::int64_t cc = c0 + k, r = r0 + threadIdx.x;
+    if (r < rows && cc < cols) d[cc * rows + r] = tile[threadIdx.x][k];
+  }
+}
+
+template <bool kToNhwc>
+void permute(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
+  if (n * c * hw == 0) return;
+  const std::int64_t rows = kToNhwc ? c : hw, cols = kToNhwc ? hw : c;
+  dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32), static_cast<unsigned>(n));
+  permute_kernel<kToNhwc><<<grid, dim3(32, 8), 0, cuda::stream()>>>(src, dst, c, hw);
+  RELPOS_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void* cuda_alloc(std::size_t bytes) { return pools().allocate(bytes); }
+void cuda_free(void* p, std::size_t bytes) { pools().release(p, bytes); }
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
+  if (dd == Device::CPU && sd == Device::CPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const cudaMemcpyKind kind = dd == Device::CPU ? cudaMemcpyDeviceToHost
+                              : sd == Device::CPU ? cudaMemcpyHostToDevice
+                                                  : cudaMemcpyDeviceToDevice;
+  cudaStream_t s = cuda::stream();
+  RELPOS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+  if (kind != cudaMemcpyDeviceToDevice) RELPOS_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void cuda_fill(float* p, std::size_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<std::min<unsigned>(cuda::blocks_for(static_cast<std::int64_t>(n)), 4096), 256, 0, cuda::stream()>>>(p, n, value);
+  RELPOS_CUDA_LAUNCHED();
+}
+
+void cuda_nchw_to_nhwc(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
+  permute<true>(src, dst, n, c, hw);
+}
+void cuda_nhwc_to_nchw(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
+  permute<false>(src, dst, n, c, hw);
+}
+
+bool cuda_runtime_available() {
+  static const bool available = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return available;
+}
+
+}  // namespace detail
+}  // namespace relpos
