@@ -36,6 +36,8 @@ struct Preprocess {
 
 // Decodes an image file with OpenCV; throws relpos::Error naming the file if it is not an image.
 cv::Mat read_image(const std::string& path);
+// Whether a file name has an image extension OpenCV decodes (png, jpg, bmp, tif, webp, pnm, ...).
+bool has_image_extension(const std::string& path);
 
 // Preprocesses images (BGR, BGRA or grayscale, 8-bit or float) into one (N, C, H, W)
 // channels-last batch on the CPU.

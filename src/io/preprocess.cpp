@@ -94,6 +94,16 @@ cv::Mat read_image(const std::string& path) {
   return img;
 }
 
+bool has_image_extension(const std::string& path) {
+  const auto dot = path.rfind('.');
+  if (dot == std::string::npos || path.find('/', dot) != std::string::npos) return false;
+  std::string ext = path.substr(dot);
+  for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* e : {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"})
+    if (ext == e) return true;
+  return false;
+}
+
 namespace {
 // To 8-bit or float with the model's channel count and order.
 cv::Mat to_channels(const cv::Mat& in, const std::string& channels) {

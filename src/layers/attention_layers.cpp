@@ -8,43 +8,69 @@ namespace relpos {
 
 namespace {
 const ops::PoolSpec kPool2x2{ops::PoolKind::Avg, 2, 2, 0};
-
-Tensor pool_if(const Tensor& t, int stride) { return stride == 2 ? ops::pool2d(t, kPool2x2) : t; }
-Tensor unpool_if(const Tensor& att, const Tensor& dy, int stride) {
-  return stride == 2 ? ops::pool2d_backward(att, dy, kPool2x2) : dy;
-}
-Shape pooled(Shape s, int stride) {
-  if (stride == 2) s[2] /= 2, s[3] /= 2;
-  return s;
-}
-void check_stride(int stride) {
-  RELPOS_CHECK(stride == 1 || stride == 2, "self-attention stride must be 1 or 2, got " << stride);
-}
 }  // namespace
 
+QkvAttention::QkvAttention(int dim, int qkv_channels, int stride) : dim_(dim), stride_(stride) {
+  RELPOS_CHECK(stride == 1 || stride == 2, "self-attention stride must be 1 or 2, got " << stride);
+  qkv_w_ = Tensor::zeros({qkv_channels, dim, 1, 1});
+}
+
+void QkvAttention::collect(const std::string& p, std::vector<ParamRef>& out) {
+  out.push_back({p + "qkv.weight", &qkv_w_, &dqkv_w_, false});
+  collect_positions(p, out);
+}
+
+void QkvAttention::init(Init& init) {
+  // timm BottleneckAttn.reset_parameters: qkv trunc_normal(std = fan_in^-0.5)
+  init.trunc_normal(qkv_w_, 1.0f / std::sqrt(static_cast<float>(dim_)));
+  init_positions(init);
+}
+
+Shape QkvAttention::pooled(Shape s) const {
+  if (stride_ == 2) s[2] /= 2, s[3] /= 2;
+  return s;
+}
+
+Tensor QkvAttention::infer(const Tensor& x) const {
+  const Tensor att = attend(ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_), nullptr);
+  return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
+}
+
+Tensor QkvAttention::forward(const Tensor& x) {
+  x_ = x;
+  qkv_ = ops::conv2d(x, qkv_w_, nullptr, {});
+  att_ = attend(qkv_, &probs_);
+  return stride_ == 2 ? ops::pool2d(att_, kPool2x2) : att_;
+}
+
+Tensor QkvAttention::backward(const Tensor& dy) {
+  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
+  const Tensor datt = stride_ == 2 ? ops::pool2d_backward(att_, dy, kPool2x2) : dy;
+  ops::ConvGrads cg = ops::conv2d_backward(x_, qkv_w_, attend_backward(qkv_, probs_, datt), {}, true);
+  dqkv_w_ = cg.dw;
+  return cg.dx;
+}
+
+void QkvAttention::release_saved() { x_ = qkv_ = probs_ = att_ = Tensor(); }
+
 BotAttention::BotAttention(int dim, const BotAttnSpec& spec, int feat_h, int feat_w, int stride)
-    : dim_(dim), stride_(stride), spec_(spec) {
-  check_stride(stride);
+    : QkvAttention(dim, spec.channels_qkv(), stride), spec_(spec) {
   RELPOS_CHECK(spec.heads > 0 && spec.dqk > 0 && spec.dv > 0, "bad attention spec");
-  qkv_w_ = Tensor::zeros({spec.channels_qkv(), dim, 1, 1});
   const auto lead = [&](std::int64_t rows) {
     return spec.per_head ? Shape{spec.heads, rows, spec.dqk} : Shape{rows, spec.dqk};
   };
   if (spec.pos == PosEncoding::Relative) {
     RELPOS_CHECK(spec.clip > 0 || (feat_h > 0 && feat_w > 0),
                  "relative attention without clip needs the feature size (model input_size)");
-    const int rows_h = spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_h - 1;
-    const int rows_w = spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_w - 1;
-    pos_h_ = Tensor::zeros(lead(rows_h));
-    pos_w_ = Tensor::zeros(lead(rows_w));
+    pos_h_ = Tensor::zeros(lead(spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_h - 1));
+    pos_w_ = Tensor::zeros(lead(spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_w - 1));
   } else if (spec.pos == PosEncoding::Absolute) {
     RELPOS_CHECK(feat_h > 0 && feat_w > 0, "absolute position embeddings need the feature size (model input_size)");
     pos_h_ = Tensor::zeros(lead(static_cast<std::int64_t>(feat_h) * feat_w));
   }
 }
 
-void BotAttention::collect(const std::string& p, std::vector<ParamRef>& out) {
-  out.push_back({p + "qkv.weight", &qkv_w_, &dqkv_w_, false});
+void BotAttention::collect_positions(const std::string& p, std::vector<ParamRef>& out) {
   if (spec_.pos == PosEncoding::Relative) {
     out.push_back({p + "pos_embed.height_rel", &pos_h_, &dpos_h_, true});
     out.push_back({p + "pos_embed.width_rel", &pos_w_, &dpos_w_, true});
@@ -53,42 +79,30 @@ void BotAttention::collect(const std::string& p, std::vector<ParamRef>& out) {
   }
 }
 
-void BotAttention::init(Init& init) {
-  // timm BottleneckAttn.reset_parameters
-  init.trunc_normal(qkv_w_, 1.0f / std::sqrt(static_cast<float>(dim_)));
+void BotAttention::init_positions(Init& init) {
+  // timm: trunc_normal(std = dqk^-0.5)
   if (pos_h_.defined()) init.trunc_normal(pos_h_, spec_.scale());
   if (pos_w_.defined()) init.trunc_normal(pos_w_, spec_.scale());
 }
 
-Tensor BotAttention::infer(const Tensor& x) const {
-  const Tensor qkv = ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_);
-  return pool_if(ops::bot_attention(qkv, pos_h_, pos_w_, spec_), stride_);
+Tensor BotAttention::attend(const Tensor& qkv, Tensor* probs) const {
+  return ops::bot_attention(qkv, pos_h_, pos_w_, spec_, probs);
 }
 
-Tensor BotAttention::forward(const Tensor& x) {
-  x_ = x;
-  qkv_ = ops::conv2d(x, qkv_w_, nullptr, {});
-  att_ = ops::bot_attention(qkv_, pos_h_, pos_w_, spec_, &probs_);
-  return pool_if(att_, stride_);
-}
-
-Tensor BotAttention::backward(const Tensor& dy) {
-  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  ops::BotAttnGrads g = ops::bot_attention_backward(qkv_, pos_h_, pos_w_, spec_, probs_, unpool_if(att_, dy, stride_));
+Tensor BotAttention::attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) {
+  ops::BotAttnGrads g = ops::bot_attention_backward(qkv, pos_h_, pos_w_, spec_, probs, datt);
   dpos_h_ = g.dpos_h;
   dpos_w_ = g.dpos_w;
-  ops::ConvGrads cg = ops::conv2d_backward(x_, qkv_w_, g.dqkv, {}, true);
-  dqkv_w_ = cg.dw;
-  return cg.dx;
+  return g.dqkv;
 }
-
-void BotAttention::release_saved() { x_ = qkv_ = probs_ = att_ = Tensor(); }
 
 Shape BotAttention::summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const {
   RELPOS_CHECK(in.size() == 4 && in[1] == dim_, prefix << ": expects " << dim_ << " channels");
-  const std::int64_t n = in[2] * in[3], b = in[0];
+  const Shape out = pooled({in[0], spec_.channels_out(), in[2], in[3]});
   if (rows) {
-    std::int64_t params = qkv_w_.numel() + (pos_h_.defined() ? pos_h_.numel() : 0) + (pos_w_.defined() ? pos_w_.numel() : 0);
+    const std::int64_t n = in[2] * in[3], b = in[0];
+    const std::int64_t params = static_cast<std::int64_t>(spec_.channels_qkv()) * dim_ +
+                                (pos_h_.defined() ? pos_h_.numel() : 0) + (pos_w_.defined() ? pos_w_.numel() : 0);
     std::int64_t macs = b * n * dim_ * spec_.channels_qkv() + b * spec_.heads * n * n * (spec_.dqk + spec_.dv);
     if (spec_.pos == PosEncoding::Relative) {
       const std::int64_t th = spec_.clip > 0 ? 2 * spec_.clip + 1 : 2 * in[2] - 1;
@@ -99,66 +113,52 @@ Shape BotAttention::summarize(const std::string& prefix, const Shape& in, std::v
                      "bot_attn(" + std::to_string(spec_.heads) + "h," + to_string(spec_.pos) +
                          (spec_.clip > 0 ? ",clip" + std::to_string(spec_.clip) : "") + ")" +
                          (stride_ == 2 ? "+avgpool" : ""),
-                     pooled({in[0], spec_.channels_out(), in[2], in[3]}, stride_), params, macs});
+                     out, params, macs});
   }
-  return pooled({in[0], spec_.channels_out(), in[2], in[3]}, stride_);
+  return out;
 }
 
-SasaAttention::SasaAttention(int dim, const SasaSpec& spec, int stride) : dim_(dim), stride_(stride), spec_(spec) {
-  check_stride(stride);
+SasaAttention::SasaAttention(int dim, const SasaSpec& spec, int stride)
+    : QkvAttention(dim, spec.channels_qkv(), stride), spec_(spec) {
   RELPOS_CHECK(spec.dqk % 2 == 0 && spec.kernel % 2 == 1,
                "local attention needs an even dqk and an odd window, got dqk " << spec.dqk << ", kernel " << spec.kernel);
-  qkv_w_ = Tensor::zeros({spec.channels_qkv(), dim, 1, 1});
   r_row_ = Tensor::zeros({spec.kernel, spec.dqk / 2});
   r_col_ = Tensor::zeros({spec.kernel, spec.dqk / 2});
 }
 
-void SasaAttention::collect(const std::string& p, std::vector<ParamRef>& out) {
-  out.push_back({p + "qkv.weight", &qkv_w_, &dqkv_w_, false});
+void SasaAttention::collect_positions(const std::string& p, std::vector<ParamRef>& out) {
   out.push_back({p + "r_row", &r_row_, &dr_row_, true});
   out.push_back({p + "r_col", &r_col_, &dr_col_, true});
 }
 
-void SasaAttention::init(Init& init) {
-  init.trunc_normal(qkv_w_, 1.0f / std::sqrt(static_cast<float>(dim_)));
+void SasaAttention::init_positions(Init& init) {
   init.trunc_normal(r_row_, spec_.scale());
   init.trunc_normal(r_col_, spec_.scale());
 }
 
-Tensor SasaAttention::infer(const Tensor& x) const {
-  const Tensor qkv = ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_);
-  return pool_if(ops::sasa_attention(qkv, r_row_, r_col_, spec_), stride_);
+Tensor SasaAttention::attend(const Tensor& qkv, Tensor* probs) const {
+  return ops::sasa_attention(qkv, r_row_, r_col_, spec_, probs);
 }
 
-Tensor SasaAttention::forward(const Tensor& x) {
-  x_ = x;
-  qkv_ = ops::conv2d(x, qkv_w_, nullptr, {});
-  att_ = ops::sasa_attention(qkv_, r_row_, r_col_, spec_, &probs_);
-  return pool_if(att_, stride_);
-}
-
-Tensor SasaAttention::backward(const Tensor& dy) {
-  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  ops::SasaGrads g = ops::sasa_attention_backward(qkv_, r_row_, r_col_, spec_, probs_, unpool_if(att_, dy, stride_));
+Tensor SasaAttention::attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) {
+  ops::SasaGrads g = ops::sasa_attention_backward(qkv, r_row_, r_col_, spec_, probs, datt);
   dr_row_ = g.dr_row;
   dr_col_ = g.dr_col;
-  ops::ConvGrads cg = ops::conv2d_backward(x_, qkv_w_, g.dqkv, {}, true);
-  dqkv_w_ = cg.dw;
-  return cg.dx;
+  return g.dqkv;
 }
-
-void SasaAttention::release_saved() { x_ = qkv_ = probs_ = att_ = Tensor(); }
 
 Shape SasaAttention::summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const {
   RELPOS_CHECK(in.size() == 4 && in[1] == dim_, prefix << ": expects " << dim_ << " channels");
-  const std::int64_t n = in[2] * in[3], b = in[0], kk = static_cast<std::int64_t>(spec_.kernel) * spec_.kernel;
-  Shape out = pooled({in[0], spec_.channels_out(), in[2], in[3]}, stride_);
-  if (rows)
+  const Shape out = pooled({in[0], spec_.channels_out(), in[2], in[3]});
+  if (rows) {
+    const std::int64_t n = in[2] * in[3], b = in[0], kk = static_cast<std::int64_t>(spec_.kernel) * spec_.kernel;
     rows->push_back({prefix.substr(0, prefix.size() - 1),
                      "sasa(" + std::to_string(spec_.heads) + "h,k" + std::to_string(spec_.kernel) + ")" +
                          (stride_ == 2 ? "+avgpool" : ""),
-                     out, qkv_w_.numel() + r_row_.numel() + r_col_.numel(),
-                     b * n * dim_ * spec_.channels_qkv() + b * spec_.heads * n * (kk * (spec_.dqk + spec_.dv) + spec_.kernel * spec_.dqk)});
+                     out, static_cast<std::int64_t>(spec_.channels_qkv()) * dim_ + r_row_.numel() + r_col_.numel(),
+                     b * n * dim_ * spec_.channels_qkv() +
+                         b * spec_.heads * n * (kk * (spec_.dqk + spec_.dv) + spec_.kernel * spec_.dqk)});
+  }
   return out;
 }
 

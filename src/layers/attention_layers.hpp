@@ -1,9 +1,9 @@
-// Internal: the self-attention layers a SelfAttnBlock holds, each with its qkv projection (1x1
-// conv without bias) and, at stride 2, a 2x2/2 average pool after the attention.
+// Internal: the self-attention layers a SelfAttnBlock holds. Both are a qkv projection (1x1 conv
+// without bias, "qkv.weight"), an attention op, and at stride 2 a 2x2/2 average pool; they differ
+// in the op and its position parameters:
 //  - BotAttention (timm's BottleneckAttn): global attention with relative (or absolute, or no)
-//    position embeddings. Names: qkv.weight, pos_embed.height_rel, pos_embed.width_rel
-//    (absolute: pos_embed.abs).
-//  - SasaAttention: k x k local attention. Names: qkv.weight, r_row, r_col.
+//    position embeddings: pos_embed.height_rel, pos_embed.width_rel (absolute: pos_embed.abs).
+//  - SasaAttention: k x k local attention: r_row, r_col.
 #pragma once
 
 #include "layers/module.hpp"
@@ -11,47 +11,65 @@
 
 namespace relpos {
 
-class BotAttention : public Module {
+class QkvAttention : public Module {
+ public:
+  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
+  Tensor infer(const Tensor& x) const override;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  void prepare_inference() override { cache_.clear(); }
+  void release_saved() override;
+  void init(Init& init) override;
+
+ protected:
+  QkvAttention(int dim, int qkv_channels, int stride);
+  // The attention op on a qkv tensor (probs receives what attend_backward needs).
+  virtual Tensor attend(const Tensor& qkv, Tensor* probs) const = 0;
+  // d qkv from d attention output, given the saved qkv and probs; sets the position gradients.
+  virtual Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) = 0;
+  virtual void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) = 0;
+  virtual void init_positions(Init& init) = 0;
+  Shape pooled(Shape s) const;
+
+  int dim_, stride_;
+
+ private:
+  Tensor qkv_w_, dqkv_w_;
+  mutable OpCache cache_;
+  Tensor x_, qkv_, probs_, att_;  // saved by forward()
+};
+
+class BotAttention : public QkvAttention {
  public:
   // feat_h x feat_w: the map size the tables are built for (ignored with clip > 0).
   BotAttention(int dim, const BotAttnSpec& spec, int feat_h, int feat_w, int stride);
-
-  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
-  Tensor infer(const Tensor& x) const override;
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
-  void prepare_inference() override { cache_.clear(); }
-  void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
-  void init(Init& init) override;
+
+ protected:
+  Tensor attend(const Tensor& qkv, Tensor* probs) const override;
+  Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
+  void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
+  void init_positions(Init& init) override;
 
  private:
-  int dim_, stride_;
   BotAttnSpec spec_;
-  Tensor qkv_w_, dqkv_w_, pos_h_, dpos_h_, pos_w_, dpos_w_;
-  mutable OpCache cache_;
-  Tensor x_, qkv_, probs_, att_;
+  Tensor pos_h_, dpos_h_, pos_w_, dpos_w_;
 };
 
-class SasaAttention : public Module {
+class SasaAttention : public QkvAttention {
  public:
   SasaAttention(int dim, const SasaSpec& spec, int stride);
-
-  void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
-  Tensor infer(const Tensor& x) const override;
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
-  void prepare_inference() override { cache_.clear(); }
-  void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
-  void init(Init& init) override;
+
+ protected:
+  Tensor attend(const Tensor& qkv, Tensor* probs) const override;
+  Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
+  void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
+  void init_positions(Init& init) override;
 
  private:
-  int dim_, stride_;
   SasaSpec spec_;
-  Tensor qkv_w_, dqkv_w_, r_row_, dr_row_, r_col_, dr_col_;
-  mutable OpCache cache_;
-  Tensor x_, qkv_, probs_, att_;
+  Tensor r_row_, dr_row_, r_col_, dr_col_;
 };
 
 }  // namespace relpos

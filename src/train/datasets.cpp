@@ -86,15 +86,6 @@ const std::vector<std::string>& fashion_mnist_classes() {
   return c;
 }
 
-namespace {
-bool is_image_file(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (const char* e : {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"})
-    if (ext == e) return true;
-  return false;
-}
-}  // namespace
 
 ImageFolderDataset::ImageFolderDataset(const std::string& root) {
   RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
@@ -105,7 +96,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) {
   for (std::size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> found;
     for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / classes_[c]))
-      if (e.is_regular_file() && is_image_file(e.path())) found.push_back(e.path().string());
+      if (e.is_regular_file() && has_image_extension(e.path().string())) found.push_back(e.path().string());
     RELPOS_CHECK(!found.empty(), root << ": class folder '" << classes_[c] << "' holds no images");
     std::sort(found.begin(), found.end());
     for (auto& f : found) {

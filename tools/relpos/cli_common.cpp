@@ -84,15 +84,6 @@ void PreprocessOptions::apply(Model& model) const {
   if (!labels.empty()) model.set_labels(read_labels(labels));
 }
 
-namespace {
-bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (const char* e : {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"})
-    if (ext == e) return true;
-  return false;
-}
-}  // namespace
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& errors) {
   std::vector<std::string> files;
@@ -102,7 +93,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, s
       std::vector<std::string> found;
       for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied, ec);
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-        if (it->is_regular_file(ec) && is_image_name(it->path())) found.push_back(it->path().string());
+        if (it->is_regular_file(ec) && has_image_extension(it->path().string())) found.push_back(it->path().string());
       if (found.empty()) errors.push_back(in + ": folder holds no images");
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());

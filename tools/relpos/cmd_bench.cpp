@@ -1,6 +1,6 @@
-// relpos bench: time inference on a batch (random, or read from a safetensors file), and
-// optionally save the logits, so that scripts can compare relpos with other frameworks on the
-// same weights and input.
+// relpos bench: time inference (or a training step) on a batch, random or read from a
+// safetensors file, optionally saving the logits; or time the BoTNet attention op alone. Scripts
+// use it to compare relpos with other frameworks on the same weights and input.
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -10,7 +10,9 @@
 #include <random>
 
 #include "cli_common.hpp"
+#include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
+#include "relpos/optim.hpp"
 #include "relpos/safetensors.hpp"
 
 namespace relpos::cli {
@@ -23,66 +25,117 @@ struct BenchArgs {
   int iters = 10;
   double min_seconds = 0.0;
   std::string input, save_logits;
-  bool json = false;
+  bool json = false, train = false, tf32 = false;
+  std::vector<int> attention;  // h w: time the attention op alone
+  int dim = 64, heads = 4;
 };
 
 using Clock = std::chrono::steady_clock;
 
-void run(const BenchArgs& a) {
-  Model model = a.model.load();
-  const ModelConfig& c = model.network().config();
-  Tensor x;
-  if (!a.input.empty()) {
-    x = SafetensorsFile::read(a.input).tensor("input");
-    RELPOS_CHECK(x.ndim() == 4, a.input << ": tensor 'input' must be (N, C, H, W)");
-  } else {
-    std::mt19937 rng(0);
-    std::normal_distribution<float> dist;
-    std::vector<float> v(static_cast<std::size_t>(a.batch) * c.in_chans * c.input_size[0] * c.input_size[1]);
-    for (auto& f : v) f = dist(rng);
-    x = Tensor::from_vector({a.batch, c.in_chans, c.input_size[0], c.input_size[1]}, v);
-  }
-  x = x.channels_last().to(model.device());
-  Tensor logits;
-  for (int i = 0; i < a.warmup; ++i) logits = model.logits(x);
+Tensor random_tensor(const Shape& s, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> v(static_cast<std::size_t>(numel_of(s)));
+  for (auto& f : v) f = dist(rng);
+  return Tensor::from_vector(s, v);
+}
+
+// Times fn() (which must leave no device work pending); returns per-run milliseconds.
+template <typename F>
+std::vector<double> time_runs(const BenchArgs& a, F&& fn) {
+  for (int i = 0; i < a.warmup; ++i) fn();
   std::vector<double> ms;
   const auto start = Clock::now();
   while (static_cast<int>(ms.size()) < a.iters ||
          std::chrono::duration<double>(Clock::now() - start).count() < a.min_seconds) {
     const auto t0 = Clock::now();
-    logits = model.logits(x);  // returns a host tensor, so device work is finished
+    fn();
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  const double n = static_cast<double>(x.dim(0));
-  if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits}});
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+void report(const BenchArgs& a, const std::string& what, std::int64_t items, const std::string& device,
+            const std::vector<double>& ms) {
+  const double median = ms[ms.size() / 2];
+  const double n = static_cast<double>(items);
   if (a.json) {
-    std::cout << nlohmann::json{{"model", c.name},           {"batch", x.dim(0)},
-                                {"threads", threads_in_use()}, {"device", to_string(model.device())},
-                                {"iters", ms.size()},          {"median_ms", median},
-                                {"min_ms", sorted.front()},    {"img_per_s", n * 1000.0 / median}}
+    std::cout << nlohmann::json{{"what", what},          {"batch", items},        {"threads", threads_in_use()},
+                                {"device", device},      {"iters", ms.size()},    {"median_ms", median},
+                                {"min_ms", ms.front()},  {"img_per_s", n * 1000.0 / median}, {"tf32", a.tf32}}
                      .dump()
               << "\n";
   } else {
-    std::cout << std::fixed << std::setprecision(2) << c.name << " batch " << x.dim(0) << ", " << threads_in_use()
-              << " threads, " << to_string(model.device()) << ": median " << median << " ms, min " << sorted.front()
-              << " ms over " << ms.size() << " runs = " << n * 1000.0 / median << " img/s\n";
+    std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << threads_in_use()
+              << " threads, " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
+              << ms.front() << " ms over " << ms.size() << " runs = " << std::setprecision(2) << n * 1000.0 / median
+              << " img/s\n";
   }
+}
+
+void run_attention(const BenchArgs& a) {
+  RELPOS_CHECK(a.attention.size() == 2, "--attention takes the map height and width");
+  set_threads(a.model.threads);
+  const Device dev = parse_device(a.model.device);
+  const int h = a.attention[0], w = a.attention[1];
+  BotAttnSpec spec;
+  spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
+  const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
+  const Tensor rh = random_tensor({2 * h - 1, a.dim}, 2).to(dev), rw = random_tensor({2 * w - 1, a.dim}, 3).to(dev);
+  const auto ms = time_runs(a, [&] { ops::bot_attention(qkv, rh, rw, spec).to(Device::CPU); });
+  report(a, "bot_attention " + std::to_string(h) + "x" + std::to_string(w) + " d" + std::to_string(a.dim) + " heads" +
+                std::to_string(a.heads),
+         a.batch, to_string(dev), ms);
+}
+
+void run(const BenchArgs& a) {
+  set_allow_tf32(a.tf32);
+  if (!a.attention.empty()) return run_attention(a);
+  RELPOS_CHECK(!a.model.model.empty(), "--model is required (or --attention H W)");
+  Model model = a.model.load();
+  const ModelConfig& c = model.network().config();
+  Tensor x = a.input.empty() ? random_tensor({a.batch, c.in_chans, c.input_size[0], c.input_size[1]}, 0)
+                             : SafetensorsFile::read(a.input).tensor("input");
+  RELPOS_CHECK(x.ndim() == 4, "the input must be (N, C, H, W)");
+  x = x.channels_last().to(model.device());
+  Tensor logits;
+  std::vector<double> ms;
+  if (a.train) {
+    // forward, cross-entropy, backward and an SGD step on fixed random labels
+    std::vector<int> labels;
+    for (std::int64_t i = 0; i < x.dim(0); ++i) labels.push_back(static_cast<int>(i % c.num_classes));
+    Optimizer opt(OptimizerConfig{}, model.network().params());
+    ms = time_runs(a, [&] {
+      logits = model.network().forward(x);
+      const auto ce = ops::cross_entropy(logits, labels);
+      model.network().backward(ce.dlogits);
+      opt.step(0.01f);
+      model.network().params().front().value->to(Device::CPU);  // waits for the device
+    });
+  } else {
+    ms = time_runs(a, [&] { logits = model.logits(x); });  // host logits: device work is done
+  }
+  if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
+  report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms);
 }
 }  // namespace
 
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub = app.add_subcommand("bench", "Time inference on a batch (random or from a safetensors file)");
-  args->model.add(sub);
+  CLI::App* sub = app.add_subcommand("bench", "Time inference, a training step, or the attention op alone");
+  args->model.add(sub, /*model_required=*/false);
   sub->add_option("--batch", args->batch, "Batch size of the random input")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--input", args->input, "safetensors file with an 'input' tensor (N, C, H, W)");
   sub->add_option("--warmup", args->warmup, "Untimed runs first")->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--iters", args->iters, "Timed runs (at least)")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--min-seconds", args->min_seconds, "Keep timing for at least this long");
   sub->add_option("--save-logits", args->save_logits, "Write the logits as safetensors ('logits')");
+  sub->add_flag("--train", args->train, "Time a training step (forward, backward, SGD) instead of inference");
+  sub->add_flag("--tf32", args->tf32, "Let the GPU use TF32 tensor cores for float32 (no effect on the CPU)");
+  sub->add_option("--attention", args->attention, "Time the attention op alone on an H W map")->expected(2);
+  sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
+  sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object");
   sub->callback([args] { run(*args); });
 }
