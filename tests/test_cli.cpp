@@ -135,3 +135,23 @@ TEST_CASE("info lists layers with parameters and multiply-adds") {
   CHECK(r.out.find("stages.3.1.self_attn") != std::string::npos);
   CHECK(r.out.find("total: 12.49 M parameters, 3.30 GMACs per image") != std::string::npos);
 }
+
+TEST_CASE("bench times inference, a training step, or the attention op, and can save logits") {
+  TempDir dir;
+  Run r = run("bench -m " + tiny() + " --batch 2 --iters 2 --warmup 0 --json --save-logits " + dir.file("l.safetensors"), true);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["batch"] == 2);
+  CHECK(j["img_per_s"].get<double>() > 0);
+  CHECK(relpos::SafetensorsFile::read(dir.file("l.safetensors")).tensor("logits").shape() == relpos::Shape{2, 10});
+  r = run("bench -m " + tiny() + " --batch 2 --iters 1 --warmup 0 --train");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("training step batch 2") != std::string::npos);
+  r = run("bench --attention 4 5 --dim 8 --heads 2 --batch 1 --iters 1 --warmup 0");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("bot_attention 4x5 d8 heads2") != std::string::npos);
+  r = run("bench --iters 1");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--model is required") != std::string::npos);
+}

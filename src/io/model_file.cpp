@@ -184,10 +184,6 @@ void detail::assign_tensors(Network& net, std::vector<std::pair<std::string, Ten
   net.prepare_inference();
 }
 
-namespace {
-json preprocess_or_default(const Model& m) { return m.preprocess().to_json(); }
-}  // namespace
-
 Preprocess default_preprocess(const ModelConfig& config) {
   Preprocess p;
   p.height = config.input_size[0];
@@ -251,7 +247,7 @@ void Model::save_json(const std::string& path, TensorEncoding encoding) const {
   j["version"] = kVersion;
   j["config"] = network_.config().to_json();
   j["labels"] = labels_;
-  j["preprocess"] = preprocess_or_default(*this);
+  j["preprocess"] = preprocess_.to_json();
   ojson tensors = ojson::object();
   for (const ParamRef& p : network_.params()) {
     const Tensor t = p.value->to(Device::CPU).contiguous();

@@ -185,7 +185,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   };
   const int classes = net.config().num_classes;
   double train_seconds = 0.0;  // in finished epochs of this run
-  for (; prog.epoch < opts.epochs; ++prog.epoch) {
+  while (prog.epoch < opts.epochs) {
     loader.start_epoch(prog.epoch, prog.batch_in_epoch);
     auto epoch_start = Clock::now();
     const double epoch_before = prog.seconds;
@@ -257,11 +257,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       os << "; " << std::setprecision(0) << e.img_per_s << " img/s, " << hms(e.seconds);
       std::cerr << os.str() << "\n";
     }
+    ++prog.epoch;  // done: the checkpoint records where the next epoch starts
     prog.batch_in_epoch = 0;
     prog.loss_sum = prog.correct = prog.seen = prog.seconds = 0.0;
-    ++prog.epoch;  // the checkpoint records the epoch as done
     save();
-    --prog.epoch;
     write_csv((fs::path(opts.out) / "log.csv").string(), prog.history);
     plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
   }
