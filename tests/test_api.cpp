@@ -35,6 +35,36 @@ TEST_CASE("classify(cv::Mat) agrees with the network on the preprocessed batch")
   for (std::size_t i = 1; i < preds.size(); ++i) CHECK(preds[i - 1].logit >= preds[i].logit);
 }
 
+TEST_CASE("tta hflip averages the logits of the image and its mirror; it round-trips and is checked") {
+  Model m = tiny();
+  Preprocess p = m.preprocess();
+  p.crop = false;  // an image of the input size goes in unresized, so mirroring commutes with it
+  m.set_preprocess(p);
+  cv::Mat img, mirror;
+  cv::resize(sample("sandal_00011.png"), img, cv::Size(p.width, p.height));
+  cv::flip(img, mirror, 1);
+  const auto plain = m.logits(make_batch({img}, m.preprocess())).to_vector();
+  const auto flipped = m.logits(make_batch({mirror}, m.preprocess())).to_vector();
+  p.tta = "hflip";
+  m.set_preprocess(p);
+  // channels-last and contiguous batches of two images give the same means
+  const Tensor batch = make_batch({img, mirror}, m.preprocess());
+  for (const Tensor& b : {batch, batch.contiguous()}) {
+    const auto both = m.logits(b).to_vector();
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+      const float want = 0.5f * (plain[i] + flipped[i]);
+      CHECK(both[i] == doctest::Approx(want).epsilon(1e-5));
+      CHECK(both[plain.size() + i] == doctest::Approx(want).epsilon(1e-5));
+    }
+  }
+  CHECK(m.classify(img, 1)[0].index == m.classify(mirror, 1)[0].index);
+  CHECK(Preprocess::from_json(m.preprocess().to_json()).tta == "hflip");
+  CHECK(m.preprocess().describe().find("mirror") != std::string::npos);
+  nlohmann::json bad = m.preprocess().to_json();
+  bad["tta"] = "rotate";
+  CHECK_THROWS_WITH_AS(Preprocess::from_json(bad), doctest::Contains("tta must be none or hflip"), Error);
+}
+
 TEST_CASE("features() gives the stem map and every stage's map, like timm's features_only") {
   Model m = tiny();
   const auto maps = m.features(sample("bag_00018.png"));

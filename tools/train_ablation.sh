@@ -10,8 +10,8 @@ tools/setup.sh >/dev/null
 configs=(fmnist_botnet fmnist_botnet_abs fmnist_botnet_nopos fmnist_conv)
 for cfg in "${configs[@]}"; do
   [ -f "$out/$cfg/model.json" ] && continue
-  build/relpos train --config "models/$cfg.json" --data fashion-mnist --epochs 21 --batch 128 --lr 0.1 --wd 5e-4 \
-    --erase 0.1 --seed 0 --out "$out/$cfg" -q
+  build/relpos train --config "models/$cfg.json" --data fashion-mnist --epochs 20 --batch 128 --lr 0.1 --wd 5e-4 \
+    --erase 0.5 --seed 0 --out "$out/$cfg" -q
 done
 printf '\n%-22s %12s %10s %12s\n' model "positions" "test acc" "train min"
 for cfg in "${configs[@]}"; do

@@ -25,10 +25,13 @@ struct Preprocess {
   bool crop = true;
   float crop_pct = 0.875f;
   std::string interpolation = "bilinear";  // "nearest" | "bilinear" | "bicubic" | "area"
+  // Test-time augmentation: "none", or "hflip" (the logits are the mean of the image's and its
+  // mirror image's; twice the inference work).
+  std::string tta = "none";
 
   int in_chans() const { return channels == "GRAY" ? 1 : 3; }
   // File form: {"input_size": [h, w], "channels": "RGB", "mean": [...], "std": [...], "scale": ...,
-  // "crop": true, "crop_pct": 0.875, "interpolation": "bilinear"}.
+  // "crop": true, "crop_pct": 0.875, "interpolation": "bilinear", "tta": "none"}.
   static Preprocess from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
   std::string describe() const;

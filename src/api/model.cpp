@@ -27,7 +27,29 @@ void Model::set_preprocess(const Preprocess& p) {
   preprocess_ = p;
 }
 
-Tensor Model::logits(const Tensor& batch) const { return network_.infer(batch.to(network_.device())).to(Device::CPU); }
+namespace {
+// The batch with every image mirrored left to right (on the CPU, at the edge of the network).
+Tensor mirrored(const Tensor& batch) {
+  RELPOS_CHECK(batch.ndim() == 4, "logits needs an (N, C, H, W) batch, got " << batch.describe());
+  const Tensor src = batch.to(Device::CPU).contiguous();
+  Tensor out(src.shape());
+  const std::int64_t rows = src.dim(0) * src.dim(1) * src.dim(2), w = src.dim(3);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::reverse_copy(src.data() + r * w, src.data() + (r + 1) * w, out.data() + r * w);
+  return out.to_layout(batch.layout());
+}
+}  // namespace
+
+Tensor Model::logits(const Tensor& batch) const {
+  Tensor out = network_.infer(batch.to(network_.device())).to(Device::CPU);
+  if (preprocess_.tta == "hflip") {
+    const Tensor flipped = network_.infer(mirrored(batch).to(network_.device())).to(Device::CPU);
+    float* o = out.data();
+    const float* f = flipped.data();
+    for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = 0.5f * (o[i] + f[i]);
+  }
+  return out;
+}
 
 std::vector<std::vector<Prediction>> Model::top_k(const Tensor& logits, int k) const {
   RELPOS_CHECK(logits.ndim() == 2, "top_k needs (N, classes) logits, got " << logits.describe());

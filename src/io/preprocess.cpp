@@ -46,6 +46,8 @@ Preprocess Preprocess::from_json(const nlohmann::json& j) {
         p.crop_pct = it->get<float>();
       } else if (k == "interpolation") {
         p.interpolation = it->get<std::string>();
+      } else if (k == "tta") {
+        p.tta = it->get<std::string>();
       } else {
         RELPOS_FAIL("preprocess: unknown key '" << k << "'");
       }
@@ -58,6 +60,7 @@ Preprocess Preprocess::from_json(const nlohmann::json& j) {
   RELPOS_CHECK(p.crop_pct > 0 && p.crop_pct <= 1, "preprocess.crop_pct must be in (0, 1]");
   for (float s : p.std) RELPOS_CHECK(s != 0.0f, "preprocess.std must not be zero");
   interp_flag(p.interpolation);
+  RELPOS_CHECK(p.tta == "none" || p.tta == "hflip", "preprocess.tta must be none or hflip, got '" << p.tta << "'");
   return p;
 }
 
@@ -68,7 +71,7 @@ nlohmann::json Preprocess::to_json() const {
     s.push_back(std[static_cast<std::size_t>(c)]);
   }
   return {{"input_size", {height, width}}, {"channels", channels}, {"mean", m}, {"std", s}, {"scale", scale},
-          {"crop", crop}, {"crop_pct", crop_pct}, {"interpolation", interpolation}};
+          {"crop", crop}, {"crop_pct", crop_pct}, {"interpolation", interpolation}, {"tta", tta}};
 }
 
 std::string Preprocess::describe() const {
@@ -80,6 +83,7 @@ std::string Preprocess::describe() const {
   os << "]) / [" << std[0];
   if (in_chans() == 3) os << ", " << std[1] << ", " << std[2];
   os << "]";
+  if (tta == "hflip") os << ", logits averaged with the mirror image's";
   return os.str();
 }
 

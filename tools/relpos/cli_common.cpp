@@ -65,6 +65,9 @@ void PreprocessOptions::add(CLI::App* app) {
   app->add_option("--interpolation", interpolation, "nearest, bilinear, bicubic or area")
       ->group(g)
       ->check(CLI::IsMember({"nearest", "bilinear", "bicubic", "area"}));
+  app->add_option("--tta", tta, "Test-time augmentation: none, or hflip (mean logits of the image and its mirror)")
+      ->group(g)
+      ->check(CLI::IsMember({"none", "hflip"}));
   app->add_option("--labels", labels, "Class labels file, one per line");
 }
 
@@ -80,6 +83,7 @@ void PreprocessOptions::apply(Model& model) const {
   if (rgb && p.channels != "GRAY") p.channels = *rgb ? "RGB" : "BGR";
   if (crop) p.crop = *crop;
   if (interpolation) p.interpolation = *interpolation;
+  if (tta) p.tta = *tta;
   model.set_preprocess(p);
   if (!labels.empty()) model.set_labels(read_labels(labels));
 }

@@ -27,7 +27,7 @@ struct PreprocessOptions {
   std::vector<float> mean, std;
   std::optional<float> scale;
   std::optional<bool> rgb, crop;
-  std::optional<std::string> interpolation;
+  std::optional<std::string> interpolation, tta;
   std::string labels;
   void add(CLI::App* app);
   void apply(Model& model) const;
