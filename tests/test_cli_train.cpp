@@ -86,6 +86,7 @@ TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") 
   REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 2) + " -q > " +
              d.file("log2") + " 2>&1") == 0);
   INFO(slurp(d.file("log2")));
+  CHECK(slurp(d.file("log2")).find("ETA") == std::string::npos);  // -q holds on resume too
   CHECK(csv_rows(out + "/log.csv") == done + 2);
   CHECK(fs::exists(out + "/model.json"));
 }

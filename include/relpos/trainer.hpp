@@ -57,7 +57,8 @@ struct TrainResult {
 };
 
 // Trains model in place. If resume names a checkpoint, the model, options and progress come from
-// it (with resume_epochs > 0 the run goes on to that many epochs instead). `stop` (if given) is
+// it, except progress, workers and max_steps, which come from `options` (with resume_epochs > 0
+// the run goes on to that many epochs instead). `stop` (if given) is
 // polled after every step: when it turns true the run saves a checkpoint and returns with
 // interrupted = true.
 TrainResult train(Model& model, const TrainOptions& options, const std::string& resume = "",

@@ -134,7 +134,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     ck = detail::load_checkpoint(resume);
     model = std::move(*ck->model);
     model.to(device);
-    opts = ck->options;
+    opts = ck->options;  // the recipe comes from the checkpoint; how to run it from this call
+    opts.progress = options.progress;
+    opts.workers = options.workers;
+    opts.max_steps = options.max_steps;
     if (resume_epochs > 0) opts.epochs = resume_epochs;
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
