@@ -122,7 +122,7 @@ std::string format_confusion(const EvalResult& r) {
 void plot_confusion(const EvalResult& r, const std::string& path) {
   const int n = static_cast<int>(r.confusion.size());
   const int cell = std::max(28, std::min(60, 640 / std::max(1, n))), left = 150, top = 60;
-  cv::Mat img(top + n * cell + 110, left + n * cell + 30, CV_8UC3, cv::Scalar(255, 255, 255));
+  cv::Mat img(top + n * cell + 116, left + n * cell + 30, CV_8UC3, cv::Scalar(255, 255, 255));
   text(img, "confusion matrix: rows true, columns predicted (top-1 " + fmt(100 * r.top1, 2) + "%)", {10, 25}, 0.5);
   for (int i = 0; i < n; ++i) {
     long row = 0;
@@ -145,7 +145,7 @@ void plot_confusion(const EvalResult& r, const std::string& path) {
     cv::Mat rotated;
     cv::rotate(label, rotated, cv::ROTATE_90_COUNTERCLOCKWISE);
     const cv::Rect at(left + j * cell + (cell - 20) / 2, top + n * cell + 2, 20, 110);
-    if (at.y + at.height <= img.rows) rotated.copyTo(img(at));
+    rotated.copyTo(img(at));
   }
   write_png(img, path);
 }
