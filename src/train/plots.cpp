@@ -141,7 +141,10 @@ void plot_confusion(const EvalResult& r, const std::string& path) {
   }
   for (int j = 0; j < n; ++j) {
     cv::Mat label(20, 110, CV_8UC3, cv::Scalar(255, 255, 255));
-    text(label, r.classes[static_cast<std::size_t>(j)].substr(0, 14), {2, 15}, 0.42);
+    const std::string name = r.classes[static_cast<std::size_t>(j)].substr(0, 14);
+    int baseline = 0;
+    const int width = cv::getTextSize(name, cv::FONT_HERSHEY_SIMPLEX, 0.42, 1, &baseline).width;
+    text(label, name, {std::max(2, 108 - width), 15}, 0.42);  // ends next to the matrix once rotated
     cv::Mat rotated;
     cv::rotate(label, rotated, cv::ROTATE_90_COUNTERCLOCKWISE);
     const cv::Rect at(left + j * cell + (cell - 20) / 2, top + n * cell + 2, 20, 110);
