@@ -62,13 +62,17 @@ TEST_CASE("relpos train writes model, log, curves and checkpoint; relpos eval re
   CHECK(ev.find("per class:") != std::string::npos);
   CHECK(ev.find("confusion matrix") != std::string::npos);
   CHECK(fs::exists(d.file("cm.png")));
-  // bad input: a data folder whose classes do not match the model
+  // bad input: a data folder whose classes do not match the model's labels: the folder is named
   fs::create_directories(d.path + "/two/a");
-  fs::create_directories(d.path + "/two/b");
+  fs::create_directories(d.path + "/two/bars");
   fs::copy_file(d.path + "/data/test/bars/000.png", d.path + "/two/a/x.png");
-  fs::copy_file(d.path + "/data/test/dots/000.png", d.path + "/two/b/x.png");
+  fs::copy_file(d.path + "/data/test/dots/000.png", d.path + "/two/bars/x.png");
   CHECK(sh(cli() + " eval -m " + out + "/model.json --data " + d.path + "/two > " + d.file("bad") + " 2>&1") == 1);
-  CHECK(slurp(d.file("bad")).find("2 classes but the model 3") != std::string::npos);
+  CHECK(slurp(d.file("bad")).find("folder 'a' is not one of the model's 3 class labels") != std::string::npos);
+  // a label without a folder is named too
+  fs::remove_all(d.path + "/two/a");
+  CHECK(sh(cli() + " eval -m " + out + "/model.json --data " + d.path + "/two > " + d.file("bad") + " 2>&1") == 1);
+  CHECK(slurp(d.file("bad")).find("no folder for class") != std::string::npos);
 }
 
 TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") {

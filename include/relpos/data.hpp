@@ -54,7 +54,11 @@ class IdxDataset : public Dataset {
 // root/<class>/<image files>; classes in sorted folder-name order.
 class ImageFolderDataset : public Dataset {
  public:
-  explicit ImageFolderDataset(const std::string& root);
+  // Each subfolder of root is a class. With `labels` (a model's class labels) folders are matched
+  // to labels by name: a folder is named as its label, with '/' written as '_' ("T-shirt/top" ->
+  // "T-shirt_top"); a folder that is no label, or a label without a folder, is an error naming it.
+  // Without labels the classes are the folder names in alphabetical order.
+  explicit ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels = {});
   std::size_t size() const override { return files_.size(); }
   int label(std::size_t i) const override { return labels_[i]; }
   cv::Mat image(std::size_t i) const override;
@@ -71,7 +75,11 @@ inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 const std::vector<std::string>& fashion_mnist_classes();
 // "fashion-mnist" (Debian's dataset-fashion-mnist package) or a folder of class folders. For a
 // folder, split "train"/"test" uses root/train and root/test when they exist, else root itself.
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split);
+// With `labels` (a model's), classes are matched by name (see ImageFolderDataset).
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
+                                      const std::vector<std::string>& labels = {});
+// The folder name that holds a class label's images: the label with '/' written as '_'.
+std::string label_folder_name(const std::string& label);
 
 struct Augment {
   int pad = 0;              // random crop of the padded image back to its size (0: off)

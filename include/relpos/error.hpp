@@ -14,6 +14,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+namespace detail {
+// "name: message", unless the message already starts with the name (errors that name their file).
+inline std::string naming(const std::string& name, const std::string& message) {
+  if (message.compare(0, name.size(), name) == 0) return message;
+  return name + ": " + message;
+}
+}  // namespace detail
+
 }  // namespace relpos
 
 // RELPOS_CHECK(cond, "tensor " << name << " has shape " << s);

@@ -1,7 +1,13 @@
-// relpos: turning images into network input as the model file describes:
-//   input = (pixel * scale - mean) / std   per channel, in the model's channel order,
-// with mean and std in timm's 0..1 units and scale = 1/255 for 8-bit images. This is OpenCV
-// dnn's (pixel - mean') * scale / std with mean' = mean / scale.
+// relpos: turning images into network input as the model file describes, the way timm's eval
+// transform does (docs/preprocessing.md):
+//   1. colour: to the model's channel order (RGB, BGR or GRAY); 16-bit images to 8 bits;
+//   2. resize with Pillow's resampling (antialiased when shrinking, rounded to 8 bits between the
+//      horizontal and the vertical pass, bit-exact with PIL.Image.resize), sizes as timm computes
+//      them from crop_pct and crop_mode, then the centre crop (or pad) to height x width;
+//   3. input = (pixel * scale - mean) / std per channel, with mean and std in timm's 0..1 units and
+//      scale = 1/255: OpenCV dnn's (pixel - mean') * scale / std with mean' = mean / scale.
+// Images may be CV_8U (0..255), CV_16U (scaled to 0..255) or CV_32F, which is taken in the same
+// 0..255 units as 8-bit pixels and resized with the same filters without rounding.
 #pragma once
 
 #include <array>
@@ -20,18 +26,23 @@ struct Preprocess {
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};  // after scaling (0..1 units), model order
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
   float scale = 1.0f / 255.0f;
-  // crop: resize (keeping the aspect ratio) so the shorter side is size / crop_pct, then take
-  // the centre (timm's eval transform); otherwise stretch to exactly height x width.
+  // crop: timm's eval transform: resize to size / crop_pct as crop_mode says, then centre-crop
+  //   "center": keep the aspect ratio, the shorter side fits (timm's default);
+  //   "squash": both sides to size / crop_pct, aspect ratio not kept;
+  //   "border": keep the aspect ratio, the longer side fits, pad with the mean colour.
+  // Otherwise (crop false) stretch to exactly height x width.
   bool crop = true;
-  float crop_pct = 0.875f;
-  std::string interpolation = "bilinear";  // "nearest" | "bilinear" | "bicubic" | "area"
+  double crop_pct = 0.875;
+  std::string crop_mode = "center";
+  // Pillow's filters: "nearest" | "bilinear" | "bicubic" | "box" (also "area") | "hamming" | "lanczos"
+  std::string interpolation = "bilinear";
   // Test-time augmentation: "none", or "hflip" (the logits are the mean of the image's and its
   // mirror image's; twice the inference work).
   std::string tta = "none";
 
   int in_chans() const { return channels == "GRAY" ? 1 : 3; }
   // File form: {"input_size": [h, w], "channels": "RGB", "mean": [...], "std": [...], "scale": ...,
-  // "crop": true, "crop_pct": 0.875, "interpolation": "bilinear", "tta": "none"}.
+  // "crop": true, "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bilinear", "tta": "none"}.
   static Preprocess from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
   std::string describe() const;
@@ -42,8 +53,11 @@ cv::Mat read_image(const std::string& path);
 // Whether a file name has an image extension OpenCV decodes (png, jpg, bmp, tif, webp, pnm, ...).
 bool has_image_extension(const std::string& path);
 
-// Preprocesses images (BGR, BGRA or grayscale, 8-bit or float) into one (N, C, H, W)
+// Preprocesses images (BGR, BGRA or grayscale, 8-bit, 16-bit or float) into one (N, C, H, W)
 // channels-last batch on the CPU.
 Tensor make_batch(const std::vector<cv::Mat>& images, const Preprocess& p);
+// Steps 1 and 2 only: the resized and cropped image in the model's channel order, 8-bit for 8-bit
+// and 16-bit input (these are the pixels timm's transform has before ToTensor), float otherwise.
+cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p);
 
 }  // namespace relpos

@@ -73,8 +73,12 @@ struct EvalResult {
   std::vector<std::string> classes;
   std::vector<std::vector<long>> confusion;  // [true][predicted]
   std::vector<double> per_class;             // accuracy per true class
+  std::size_t skipped = 0;                   // images that could not be read (reported, not counted)
 };
-EvalResult evaluate(const Model& model, const Dataset& data, int batch = 500);
+// Scores the model on every image of the data. `progress(done, total)` is called after each batch
+// when given (the CLI draws its progress bar with it).
+EvalResult evaluate(const Model& model, const Dataset& data, int batch = 500,
+                    const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 // PNG pictures (OpenCV drawing).
 void plot_learning_curves(const std::vector<EpochLog>& history, const std::string& path);

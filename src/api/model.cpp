@@ -52,6 +52,7 @@ Tensor Model::logits(const Tensor& batch) const {
 }
 
 std::vector<std::vector<Prediction>> Model::top_k(const Tensor& logits, int k) const {
+  RELPOS_CHECK(k >= 1, "topk must be at least 1, got " << k);
   RELPOS_CHECK(logits.ndim() == 2, "top_k needs (N, classes) logits, got " << logits.describe());
   const auto v = logits.to_vector();
   const std::int64_t n = logits.dim(0), c = logits.dim(1);

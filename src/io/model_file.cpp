@@ -31,8 +31,16 @@ struct FileContents {
   std::vector<std::pair<std::string, Tensor>> tensors;
 };
 
+// An array of strings, or the name of a labels list shipped in models_dir() ("imagenet-1k" reads
+// models/imagenet-1k.txt, one label per line).
 std::vector<std::string> labels_from(const json& j, const std::string& where) {
-  RELPOS_CHECK(j.is_array(), where << ": labels must be an array of strings");
+  if (j.is_string()) {
+    const std::string name = j.get<std::string>();
+    RELPOS_CHECK(!name.empty() && name.find('/') == std::string::npos && name.find("..") == std::string::npos,
+                 where << ": labels '" << name << "' is not the name of a shipped labels list");
+    return read_labels(models_dir() + "/" + name + ".txt");
+  }
+  RELPOS_CHECK(j.is_array(), where << ": labels must be an array of strings or a shipped list's name");
   std::vector<std::string> out;
   for (const auto& v : j) {
     RELPOS_CHECK(v.is_string(), where << ": labels must be an array of strings");

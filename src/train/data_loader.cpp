@@ -132,7 +132,7 @@ Batch DataLoader::make(std::size_t index) {
     } catch (const std::exception& e) {
       if (!bad_[i].exchange(true)) {
         ++skipped_count_;
-        std::cerr << "\nrelpos: skipping " << data_.name(i) << ": " << e.what() << "\n";
+        std::cerr << "\nrelpos: skipped " << detail::naming(data_.name(i), e.what()) << "\n";
       }
       continue;
     }

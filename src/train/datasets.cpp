@@ -87,28 +87,58 @@ const std::vector<std::string>& fashion_mnist_classes() {
 }
 
 
-ImageFolderDataset::ImageFolderDataset(const std::string& root) {
+std::string label_folder_name(const std::string& label) {
+  std::string f = label;
+  for (char& ch : f)
+    if (ch == '/') ch = '_';
+  return f;
+}
+
+ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels) {
   RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
+  std::vector<std::string> folders;
   for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory()) classes_.push_back(e.path().filename().string());
-  std::sort(classes_.begin(), classes_.end());
-  RELPOS_CHECK(!classes_.empty(), root << ": no class folders (expected " << root << "/<class>/<images>)");
-  for (std::size_t c = 0; c < classes_.size(); ++c) {
-    std::vector<std::string> found;
-    for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / classes_[c]))
-      if (e.is_regular_file() && has_image_extension(e.path().string())) found.push_back(e.path().string());
-    RELPOS_CHECK(!found.empty(), root << ": class folder '" << classes_[c] << "' holds no images");
-    std::sort(found.begin(), found.end());
-    for (auto& f : found) {
-      files_.push_back(std::move(f));
-      labels_.push_back(static_cast<int>(c));
+    if (e.is_directory()) folders.push_back(e.path().filename().string());
+  std::sort(folders.begin(), folders.end());
+  RELPOS_CHECK(!folders.empty(), root << ": no class folders (expected " << root << "/<class>/<images>)");
+  // Which class each folder holds: by name when the labels are known, else alphabetical.
+  std::vector<int> class_of(folders.size());
+  if (labels.empty()) {
+    classes_ = folders;
+    for (std::size_t f = 0; f < folders.size(); ++f) class_of[f] = static_cast<int>(f);
+  } else {
+    classes_ = labels;
+    std::vector<bool> found(labels.size(), false);
+    for (std::size_t f = 0; f < folders.size(); ++f) {
+      int c = -1;
+      for (std::size_t l = 0; l < labels.size() && c < 0; ++l)
+        if (folders[f] == labels[l] || folders[f] == label_folder_name(labels[l])) c = static_cast<int>(l);
+      RELPOS_CHECK(c >= 0, root << ": folder '" << folders[f] << "' is not one of the model's " << labels.size()
+                                << " class labels (a label names its folder, with '/' written as '_')");
+      class_of[f] = c;
+      found[static_cast<std::size_t>(c)] = true;
+    }
+    for (std::size_t l = 0; l < labels.size(); ++l)
+      RELPOS_CHECK(found[l], root << ": no folder for class '" << labels[l] << "' (expected " << root << "/"
+                                  << label_folder_name(labels[l]) << "/)");
+  }
+  for (std::size_t f = 0; f < folders.size(); ++f) {
+    std::vector<std::string> images;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / folders[f]))
+      if (e.is_regular_file() && has_image_extension(e.path().string())) images.push_back(e.path().string());
+    RELPOS_CHECK(!images.empty(), root << ": class folder '" << folders[f] << "' holds no images");
+    std::sort(images.begin(), images.end());
+    for (auto& i : images) {
+      files_.push_back(std::move(i));
+      labels_.push_back(class_of[f]);
     }
   }
 }
 
 cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files_[i]); }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split) {
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
+                                      const std::vector<std::string>& labels) {
   RELPOS_CHECK(split == "train" || split == "test", "split must be train or test, got '" << split << "'");
   if (spec == "fashion-mnist" || spec == "fmnist") {
     const std::string dir = std::getenv("RELPOS_FASHION_MNIST") ? std::getenv("RELPOS_FASHION_MNIST") : kFashionMnistDir;
@@ -116,10 +146,13 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     const std::string images = dir + "/" + stem + "-images-idx3-ubyte.gz";
     RELPOS_CHECK(fs::exists(images), "Fashion-MNIST not found at " << dir
                                                                   << " (install it: apt-get install dataset-fashion-mnist)");
+    RELPOS_CHECK(labels.empty() || labels == fashion_mnist_classes(),
+                 "the model's " << labels.size() << " class labels are not Fashion-MNIST's (first: '"
+                                << (labels.empty() ? "" : labels[0]) << "'; expected 'T-shirt/top', 'Trouser', ...)");
     return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
   }
   const fs::path sub = fs::path(spec) / split;
-  return std::make_unique<ImageFolderDataset>(fs::is_directory(sub) ? sub.string() : spec);
+  return std::make_unique<ImageFolderDataset>(fs::is_directory(sub) ? sub.string() : spec, labels);
 }
 
 }  // namespace relpos

@@ -85,7 +85,8 @@ void write_csv(const std::string& path, const std::vector<EpochLog>& history) {
 
 }  // namespace
 
-EvalResult evaluate(const Model& model, const Dataset& data, int batch) {
+EvalResult evaluate(const Model& model, const Dataset& data, int batch,
+                    const std::function<void(std::size_t, std::size_t)>& progress) {
   RELPOS_CHECK(batch >= 1, "evaluation batch must be at least 1");
   const int classes = model.network().config().num_classes;
   RELPOS_CHECK(static_cast<int>(data.classes().size()) == classes,
@@ -112,7 +113,9 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch) {
       correct += p == b.labels[i];
     }
     r.count += b.labels.size();
+    if (progress) progress(r.count + loader.skipped(), data.size());
   }
+  r.skipped = loader.skipped();
   RELPOS_CHECK(r.count > 0, "no readable images to evaluate");
   r.loss = loss_sum / static_cast<double>(r.count);
   r.top1 = static_cast<double>(correct) / static_cast<double>(r.count);
@@ -153,8 +156,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   }
   const std::string ckpt_path = (fs::path(opts.out) / "checkpoint.safetensors").string();
 
-  auto train_data = open_dataset(opts.data, "train");
-  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test") : nullptr;
+  // A model that already has labels (resumed, or loaded from a file) finds its class folders by name.
+  auto train_data = open_dataset(opts.data, "train", model.labels());
+  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test", train_data->classes()) : nullptr;
   Network& net = model.network();
   RELPOS_CHECK(static_cast<int>(train_data->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_data->classes().size() << " classes but the model has "

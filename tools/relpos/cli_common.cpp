@@ -3,8 +3,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <iomanip>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
@@ -13,18 +16,50 @@ namespace relpos::cli {
 
 namespace fs = std::filesystem;
 
+void RunOptions::add(CLI::App* app) {
+  app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
+  app->add_option("--threads", threads, "CPU threads (default: all cores; 1 to " + std::to_string(kMaxThreads) + ")")
+      ->check(CLI::Range(0, kMaxThreads));
+}
+
+Device RunOptions::apply() const {
+  set_threads(threads);
+  const Device d = parse_device(device);
+  if (d == Device::CUDA && !cuda_available()) {
+#ifdef RELPOS_WITH_CUDA
+    RELPOS_FAIL("--device " << device << ": no CUDA GPU is visible on this machine; use --device cpu");
+#else
+    RELPOS_FAIL("--device " << device << ": this relpos was built without the CUDA backend; use --device cpu");
+#endif
+  }
+  return d;
+}
+
 void ModelOptions::add(CLI::App* app, bool model_required) {
   auto* m = app->add_option("-m,--model", model,
                             "Model: relpos weights (.json), a .safetensors file, or a model config / shipped config name "
                             "(random weights)");
   if (model_required) m->required();
   app->add_option("--config", config, "Architecture for a timm .safetensors file (config path or shipped name)");
-  app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
-  app->add_option("--threads", threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  run.add(app);
+}
+
+CLI::Validator at_least_one(const std::string& flag, const std::string& what) {
+  return CLI::Validator(
+      [flag, what](std::string& v) -> std::string {
+        try {
+          std::size_t used = 0;
+          const long long n = std::stoll(v, &used);
+          if (used == v.size() && n >= 1) return "";
+        } catch (const std::exception&) {
+        }
+        return flag + " must be a whole number of at least 1 (" + what + "), got '" + v + "'";
+      },
+      "N>=1");
 }
 
 void set_threads(int threads) {
-  if (threads > 0) omp_set_num_threads(threads);
+  if (threads > 0) omp_set_num_threads(std::min(threads, kMaxThreads));
 }
 
 int threads_in_use() { return omp_get_max_threads(); }
@@ -35,13 +70,13 @@ int& exit_status() {
 }
 
 Model ModelOptions::load() const {
-  set_threads(threads);
   LoadOptions opt;
   opt.config = config;
-  opt.device = parse_device(device);
+  opt.device = run.apply();
   // A config (file with "stages", or a shipped name) gives a model with random weights.
   bool is_config = !fs::exists(model);
-  if (!is_config && model.size() > 5 && model.compare(model.size() - 5, 5, ".json") == 0) {
+  if (!is_config && !fs::is_directory(model) && model.size() > 5 &&
+      model.compare(model.size() - 5, 5, ".json") == 0) {
     const auto j = nlohmann::json::parse(detail::read_file(model), nullptr, false);
     is_config = j.is_object() && j.contains("stages") && !j.contains("tensors");
   }
@@ -53,18 +88,64 @@ Model ModelOptions::load() const {
   return Model::load(model, opt);
 }
 
+namespace {
+// "X" or "X,Y,Z": one value for every channel, or one per channel.
+std::vector<float> per_channel(const std::optional<std::string>& text, const char* flag, int channels) {
+  std::vector<float> v;
+  if (!text) return v;
+  std::stringstream ss(*text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    float x = 0.0f;
+    try {
+      x = std::stof(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    RELPOS_USAGE_CHECK(used > 0 && item.find_first_not_of(" ", used) == std::string::npos && std::isfinite(x),
+                 flag << " takes numbers separated by commas (e.g. " << flag << " 0.5 or " << flag
+                      << " 0.485,0.456,0.406), got '" << *text << "'");
+    v.push_back(x);
+  }
+  RELPOS_USAGE_CHECK(!v.empty() && (v.size() == 1 || static_cast<int>(v.size()) == channels),
+                     flag << " takes " << (channels == 1 ? "1 value (the model's input has one channel)" : "1 value or 3 (one per channel)")
+                          << ", got " << v.size() << " in '" << *text << "'");
+  return v;
+}
+}  // namespace
+
 void PreprocessOptions::add(CLI::App* app) {
-  const std::string g = "Preprocessing (overrides the model file; OpenCV dnn sample names)";
-  app->add_option("--width", width, "Network input width")->group(g);
-  app->add_option("--height", height, "Network input height")->group(g);
-  app->add_option("--mean", mean, "Mean to subtract, in pixel units (0..255), model channel order")->group(g)->expected(1, 3);
-  app->add_option("--std", std, "Standard deviation to divide by, after scaling")->group(g)->expected(1, 3);
-  app->add_option("--scale", scale, "Pixel scale factor (e.g. 0.00392 = 1/255)")->group(g);
-  app->add_flag("--rgb,!--bgr", rgb, "Model takes RGB (or BGR) input")->group(g);
-  app->add_flag("--crop,!--no-crop", crop, "Resize keeping the aspect ratio and centre-crop (or stretch)")->group(g);
-  app->add_option("--interpolation", interpolation, "nearest, bilinear, bicubic or area")
+  const std::string g = "Preprocessing (each overrides the model file only when given)";
+  app->add_option("--width", width, "Network input width")->group(g)->check(CLI::Range(1, 1 << 16));
+  app->add_option("--height", height, "Network input height")->group(g)->check(CLI::Range(1, 1 << 16));
+  app->add_option("--mean", mean, "Mean to subtract, in pixel units (0..255): one value, or one per channel in the "
+                                  "model's channel order, comma-separated")
       ->group(g)
-      ->check(CLI::IsMember({"nearest", "bilinear", "bicubic", "area"}));
+      ->type_name("X[,Y,Z]");
+  app->add_option("--std", std, "Standard deviation to divide by, after scaling (0..1 units): one value or one per "
+                                "channel, comma-separated")
+      ->group(g)
+      ->type_name("X[,Y,Z]");
+  app->add_option("--scale", scale, "Pixel scale factor (e.g. 0.0039216 = 1/255)")->group(g);
+  // Each flag of a pair sets the optional only when given: the model file stays the truth otherwise.
+  app->add_flag_function("--rgb", [this](std::int64_t) { rgb = true; }, "Model takes RGB input")->group(g);
+  app->add_flag_function("--bgr", [this](std::int64_t) { rgb = false; }, "Model takes BGR input")->group(g);
+  app->add_flag_function("--crop", [this](std::int64_t) { crop = true; },
+                         "Resize as timm's eval transform, then crop (see --crop-mode, --crop-pct)")
+      ->group(g);
+  app->add_flag_function("--no-crop", [this](std::int64_t) { crop = false; }, "Stretch to exactly width x height")
+      ->group(g);
+  app->add_option("--crop-pct", crop_pct, "timm's crop_pct: resize to size / crop_pct, then crop")
+      ->group(g)
+      ->check(CLI::Range(0.01f, 1.0f));
+  app->add_option("--crop-mode", crop_mode, "timm's crop_mode: center, squash or border")
+      ->group(g)
+      ->check(CLI::IsMember({"center", "squash", "border"}));
+  app->add_option("--interpolation", interpolation,
+                  "Resampling as Pillow's: nearest, bilinear, bicubic, box (alias area), hamming or lanczos")
+      ->group(g)
+      ->check(CLI::IsMember({"nearest", "bilinear", "bicubic", "box", "area", "hamming", "lanczos"}));
   app->add_option("--tta", tta, "Test-time augmentation: none, or hflip (mean logits of the image and its mirror)")
       ->group(g)
       ->check(CLI::IsMember({"none", "hflip"}));
@@ -73,23 +154,65 @@ void PreprocessOptions::add(CLI::App* app) {
 
 void PreprocessOptions::apply(Model& model) const {
   Preprocess p = model.preprocess();
+  if (rgb && p.channels != "GRAY") p.channels = *rgb ? "RGB" : "BGR";
+  const std::vector<float> mean_v = per_channel(mean, "--mean", p.in_chans());
+  const std::vector<float> std_v = per_channel(std, "--std", p.in_chans());
   if (width) p.width = *width;
   if (height) p.height = *height;
-  if (scale) p.scale = *scale;
+  if (scale) {
+    RELPOS_USAGE_CHECK(std::isfinite(*scale) && *scale != 0.0f, "--scale must be a non-zero number");
+    // The mean is stored after scaling: keep it in pixel units unless --mean gives a new one.
+    for (auto& m : p.mean) m = m / p.scale * *scale;
+    p.scale = *scale;
+  }
   // OpenCV's (pixel - mean) * scale / std: our mean is after scaling.
-  for (std::size_t c = 0; c < 3 && !mean.empty(); ++c) p.mean[c] = mean[mean.size() == 1 ? 0 : c] * p.scale;
-  for (std::size_t c = 0; c < 3 && !std.empty(); ++c) p.std[c] = std[std.size() == 1 ? 0 : c];
-  for (float s : p.std) RELPOS_CHECK(s != 0.0f, "--std must not be zero");
-  if (rgb && p.channels != "GRAY") p.channels = *rgb ? "RGB" : "BGR";
+  for (std::size_t c = 0; c < 3 && !mean_v.empty(); ++c) p.mean[c] = mean_v[mean_v.size() == 1 ? 0 : c] * p.scale;
+  for (std::size_t c = 0; c < 3 && !std_v.empty(); ++c) p.std[c] = std_v[std_v.size() == 1 ? 0 : c];
+  for (float s : p.std) RELPOS_USAGE_CHECK(s != 0.0f, "--std must not be zero");
   if (crop) p.crop = *crop;
+  if (crop_pct) p.crop_pct = *crop_pct;
+  if (crop_mode) p.crop_mode = *crop_mode;
   if (interpolation) p.interpolation = *interpolation;
   if (tta) p.tta = *tta;
   model.set_preprocess(p);
   if (!labels.empty()) model.set_labels(read_labels(labels));
 }
 
+namespace {
+// The shortest decimal that reads back as the same float.
+std::string shortest(float v) {
+  for (int digits = 6; digits < 10; ++digits) {
+    std::ostringstream os;
+    os << std::setprecision(digits) << v;
+    if (std::stof(os.str()) == v) return os.str();
+  }
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+}  // namespace
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& errors) {
+std::string preprocess_flags(const Preprocess& p) {
+  std::ostringstream os;
+  const int c = p.in_chans();
+  os << "--width " << p.width << " --height " << p.height;
+  if (p.channels != "GRAY") os << (p.channels == "RGB" ? " --rgb" : " --bgr");
+  if (p.crop) os << " --crop --crop-mode " << p.crop_mode << " --crop-pct " << p.crop_pct;
+  else os << " --no-crop";
+  os << " --interpolation " << p.interpolation << " --scale " << shortest(p.scale) << " --mean ";
+  // pixel units, to 7 digits (the float mean times the float scale is the model's mean to within
+  // float rounding)
+  for (int i = 0; i < c; ++i)
+    os << (i ? "," : "") << std::setprecision(7)
+       << static_cast<double>(p.mean[static_cast<std::size_t>(i)]) / static_cast<double>(p.scale);
+  os << " --std ";
+  for (int i = 0; i < c; ++i) os << (i ? "," : "") << shortest(p.std[static_cast<std::size_t>(i)]);
+  os << " --tta " << p.tta;
+  return os.str();
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs,
+                                       std::vector<std::pair<std::string, std::string>>& errors) {
   std::vector<std::string> files;
   for (const std::string& in : inputs) {
     std::error_code ec;
@@ -98,16 +221,63 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, s
       for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied, ec);
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
         if (it->is_regular_file(ec) && has_image_extension(it->path().string())) found.push_back(it->path().string());
-      if (found.empty()) errors.push_back(in + ": folder holds no images");
+      if (found.empty()) errors.emplace_back(in, "folder holds no images");
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::exists(in, ec)) {
       files.push_back(in);
     } else {
-      errors.push_back(in + ": no such file or folder");
+      errors.emplace_back(in, "no such file or folder");
     }
   }
   return files;
+}
+
+namespace {
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is not one.
+std::size_t utf8_sequence(const std::string& s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  std::uint32_t cp;
+  if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1Fu;
+  else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0Fu;
+  else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07u;
+  else return 0;
+  if (i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(i + k) & 0x3Fu);
+  }
+  const std::uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+}  // namespace
+
+std::string json_safe_name(const std::string& name, std::string* hex_bytes) {
+  std::string out;
+  bool valid = true;
+  for (std::size_t i = 0; i < name.size();) {
+    const std::size_t n = utf8_sequence(name, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      valid = false;
+      ++i;
+    } else {
+      out.append(name, i, n);
+      i += n;
+    }
+  }
+  if (hex_bytes) {
+    hex_bytes->clear();
+    if (!valid) {
+      static const char* digits = "0123456789abcdef";
+      for (unsigned char ch : name) *hex_bytes += {digits[ch >> 4], digits[ch & 15]};
+    }
+  }
+  return out;
 }
 
 }  // namespace relpos::cli

@@ -6,40 +6,84 @@
 #include <string>
 #include <vector>
 
+#include "relpos/error.hpp"
 #include "relpos/model.hpp"
 
 namespace relpos::cli {
 
-// --model / --config / --device / --threads
+// Exit statuses: 0 success, 1 a failure the command reported (bad file, skipped images), 2 a
+// usage error (unknown flag, bad value), 130 interrupted (train).
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+// The largest --threads value accepted (libgomp crashes on absurd counts).
+inline constexpr int kMaxThreads = 1024;
+
+// A bad flag value found after parsing (e.g. --mean with the wrong number of values): exit 2 with
+// the usage line, as a parse error.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+#define RELPOS_USAGE_CHECK(cond, msg)                  \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      std::ostringstream relpos_usage_os_;             \
+      relpos_usage_os_ << msg;                         \
+      throw ::relpos::cli::UsageError(relpos_usage_os_.str()); \
+    }                                                  \
+  } while (0)
+
+// --device / --threads (every command that runs a model)
+struct RunOptions {
+  std::string device = "cpu";
+  int threads = 0;
+  void add(CLI::App* app);
+  // Sets the thread count and checks that the device exists; returns it.
+  Device apply() const;
+};
+
+// --model / --config, plus --device / --threads
 struct ModelOptions {
   std::string model;
   std::string config;
-  std::string device = "cpu";
-  int threads = 0;
+  RunOptions run;
   void add(CLI::App* app, bool model_required = true);
   // Sets the thread count and loads the model (weights file, or a config for random weights).
   Model load() const;
 };
 
-// Overrides of the model file's preprocessing, named as in OpenCV's dnn samples.
+// Overrides of the model file's preprocessing, named as in OpenCV's dnn samples. Each one is set
+// only when given on the command line; the model file is the truth for everything else.
 struct PreprocessOptions {
   std::optional<int> width, height;
-  std::vector<float> mean, std;
-  std::optional<float> scale;
+  std::optional<std::string> mean, std;  // "X" or "X,Y,Z"
+  std::optional<float> scale, crop_pct;
   std::optional<bool> rgb, crop;
-  std::optional<std::string> interpolation, tta;
+  std::optional<std::string> interpolation, crop_mode, tta;
   std::string labels;
   void add(CLI::App* app);
   void apply(Model& model) const;
 };
+
+// The same preprocessing as command-line flags (what `info` prints): applying these flags to any
+// model gives it exactly this preprocessing.
+std::string preprocess_flags(const Preprocess& p);
+
+// A validator for counts that must be at least 1, with a message a person reads.
+CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 
 void set_threads(int threads);
 int threads_in_use();
 // The process exit status a command asks for (0 unless it reported failures).
 int& exit_status();
 // Files named on the command line, with folders expanded (recursively) to the image files they
-// hold, in sorted order. Paths that do not exist, and folders without images, go to errors.
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& errors);
+// hold, in sorted order. Paths that do not exist, and folders without images, go to errors as
+// (path, message) pairs.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs,
+                                       std::vector<std::pair<std::string, std::string>>& errors);
+// A file name as a JSON string: the name itself when it is valid UTF-8; otherwise each byte that is
+// not part of valid UTF-8 becomes U+FFFD, and `bytes` (if given) receives the raw bytes as hex.
+std::string json_safe_name(const std::string& name, std::string* hex_bytes);
 
 void register_classify(CLI::App& app);
 void register_info(CLI::App& app);

@@ -76,8 +76,7 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
 
 void run_attention(const BenchArgs& a) {
   RELPOS_CHECK(a.attention.size() == 2, "--attention takes the map height and width");
-  set_threads(a.model.threads);
-  const Device dev = parse_device(a.model.device);
+  const Device dev = a.model.run.apply();
   const int h = a.attention[0], w = a.attention[1];
   BotAttnSpec spec;
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "progress_bar.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cli {
@@ -19,16 +20,31 @@ struct ClassifyArgs {
   std::vector<std::string> inputs;
   int topk = 5;
   int batch = 8;
-  bool json = false;
+  bool json = false, quiet = false;
 };
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
+// {"image": name} for a JSON line; a name that is not valid UTF-8 gets U+FFFD for its bad bytes and
+// its raw bytes in hex as "image_bytes".
+nlohmann::json image_json(const std::string& image) {
+  std::string hex;
+  nlohmann::json j = {{"image", json_safe_name(image, &hex)}};
+  if (!hex.empty()) j["image_bytes"] = hex;
+  return j;
+}
+
+std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 void report_error(const ClassifyArgs& a, const std::string& image, const std::string& message) {
-  if (a.json)
-    std::cout << nlohmann::json{{"image", image}, {"error", message}}.dump() << std::endl;
-  std::cerr << "relpos: skipped " << image << ": " << message << "\n";
+  const std::string text = detail::naming(image, message);
+  if (a.json) {
+    nlohmann::json j = image_json(image);
+    j["error"] = json_safe_name(text, nullptr);
+    std::cout << dump(j) << std::endl;
+  }
+  std::cerr << "relpos: skipped " << text << "\n";
 }
 
 void print_result(const ClassifyArgs& a, const std::string& image, const std::vector<Prediction>& preds) {
@@ -37,7 +53,9 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
     for (std::size_t r = 0; r < preds.size(); ++r)
       top.push_back({{"rank", r + 1}, {"index", preds[r].index}, {"label", preds[r].label},
                      {"probability", preds[r].probability}, {"logit", preds[r].logit}});
-    std::cout << nlohmann::json{{"image", image}, {"predictions", top}}.dump() << "\n";
+    nlohmann::json j = image_json(image);
+    j["predictions"] = top;
+    std::cout << dump(j) << "\n";
     return;
   }
   std::cout << image << "\n";
@@ -52,12 +70,10 @@ void run(const ClassifyArgs& a) {
   Model model = a.model.load();
   a.pre.apply(model);
   const double load_ms = ms_since(t_load);
-  std::vector<std::string> errors;
+  std::vector<std::pair<std::string, std::string>> errors;
   const std::vector<std::string> files = expand_inputs(a.inputs, errors);
-  for (const auto& e : errors) {
-    const auto colon = e.rfind(": ");
-    report_error(a, e.substr(0, colon), e.substr(colon + 2));
-  }
+  for (const auto& [name, message] : errors) report_error(a, name, message);
+  ProgressBar bar("classify", a.quiet);
   const Preprocess& pre = model.preprocess();
   const std::size_t per_image = static_cast<std::size_t>(pre.height) * pre.width * pre.in_chans();
   std::size_t done = 0, failed = errors.size();
@@ -72,6 +88,7 @@ void run(const ClassifyArgs& a) {
         inputs.push_back(make_batch({read_image(files[i])}, pre));
         names.push_back(files[i]);
       } catch (const std::exception& e) {
+        bar.finish();
         report_error(a, files[i], e.what());
         ++failed;
       }
@@ -86,8 +103,15 @@ void run(const ClassifyArgs& a) {
     const Tensor logits = model.logits(batch);
     infer_ms += ms_since(t1);
     const auto preds = model.top_k(logits, a.topk);
+    bar.finish();
     for (std::size_t i = 0; i < names.size(); ++i) print_result(a, names[i], preds[i]);
     done += names.size();
+    bar.update(end, files.size());
+  }
+  bar.finish();
+  if (a.quiet) {
+    if (failed > 0 || done == 0) exit_status() = kExitFailure;
+    return;
   }
   std::cerr << std::fixed << std::setprecision(1) << "relpos: " << done << " image" << (done == 1 ? "" : "s")
             << " classified";
@@ -99,7 +123,7 @@ void run(const ClassifyArgs& a) {
             << to_string(model.device());
   if (failed) std::cerr << "; " << failed << " failed";
   std::cerr << "\n";
-  if (failed > 0 || done == 0) exit_status() = 1;
+  if (failed > 0 || done == 0) exit_status() = kExitFailure;
 }
 
 }  // namespace
@@ -109,9 +133,14 @@ void register_classify(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("classify", "Print the top-k classes of images (files or folders)");
   args->model.add(sub);
   sub->add_option("inputs", args->inputs, "Image files or folders of images")->required();
-  sub->add_option("-k,--topk", args->topk, "How many classes to print per image")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("-b,--batch", args->batch, "Images per forward pass")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("-k,--topk", args->topk, "How many classes to print per image (at least 1)")
+      ->check(at_least_one("--topk", "the number of classes printed per image"))
+      ->capture_default_str();
+  sub->add_option("-b,--batch", args->batch, "Images per forward pass")
+      ->check(at_least_one("--batch", "images per forward pass"))
+      ->capture_default_str();
   sub->add_flag("--json", args->json, "One JSON object per image on stdout");
+  sub->add_flag("-q,--quiet", args->quiet, "No progress bar and no timing summary on stderr");
   args->pre.add(sub);
   sub->callback([args] { run(*args); });
 }

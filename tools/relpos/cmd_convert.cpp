@@ -42,6 +42,7 @@ void register_convert(CLI::App& app) {
   sub->add_option("input", args->model.model, "Weights (.json / .safetensors) or a model config")->required();
   sub->add_option("output", args->output, "Output file: .json or .safetensors")->required();
   sub->add_option("--config", args->model.config, "Architecture for a timm .safetensors file");
+  args->model.run.add(sub);
   sub->add_flag("--numbers", args->numbers, "Write tensors as plain JSON numbers instead of base64");
   args->pre.add(sub);
   sub->callback([args] { run(*args); });

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli_common.hpp"
+#include "progress_bar.hpp"
 #include "relpos/trainer.hpp"
 
 namespace relpos::cli {
@@ -14,21 +15,26 @@ struct EvalArgs {
   PreprocessOptions pre;
   std::string data = "fashion-mnist", split = "test", png;
   int batch = 500;
-  bool json = false;
+  bool json = false, quiet = false;
 };
 
 void run(const EvalArgs& a) {
   Model model = a.model.load();
   a.pre.apply(model);
-  const auto data = open_dataset(a.data, a.split);
-  const EvalResult r = evaluate(model, *data, a.batch);
+  // Class folders are matched to the model's labels by name (docs/datasets.md).
+  const auto data = open_dataset(a.data, a.split, model.labels());
+  ProgressBar bar("eval", a.quiet);
+  const EvalResult r = evaluate(model, *data, a.batch, [&](std::size_t done, std::size_t total) { bar.update(done, total); });
+  bar.finish();
   if (a.json) {
     nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"images", r.count}, {"top1", r.top1},
                         {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
-                        {"confusion", r.confusion}};
+                        {"confusion", r.confusion}, {"skipped", r.skipped}};
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images, top-1 "
+    std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images";
+    if (r.skipped) std::cout << " (" << r.skipped << " unreadable, skipped)";
+    std::cout << ", top-1 "
               << 100 * r.top1 << "%, loss " << std::setprecision(4) << r.loss << "\nper class:\n";
     for (std::size_t c = 0; c < r.classes.size(); ++c)
       std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2)
@@ -39,6 +45,11 @@ void run(const EvalArgs& a) {
     plot_confusion(r, a.png);
     std::cerr << "relpos: wrote " << a.png << "\n";
   }
+  // As classify: images that could not be read make the run a failure, after the results.
+  if (r.skipped > 0) {
+    std::cerr << "relpos: " << r.skipped << " image" << (r.skipped == 1 ? "" : "s") << " could not be read\n";
+    exit_status() = kExitFailure;
+  }
 }
 }  // namespace
 
@@ -48,7 +59,10 @@ void register_eval(CLI::App& app) {
   a->model.add(sub);
   sub->add_option("--data", a->data, "fashion-mnist, or a folder (with test/ or of class folders)")->capture_default_str();
   sub->add_option("--split", a->split, "test or train")->check(CLI::IsMember({"test", "train"}))->capture_default_str();
-  sub->add_option("-b,--batch", a->batch, "Images per forward pass")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("-b,--batch", a->batch, "Images per forward pass")
+      ->check(at_least_one("--batch", "images per forward pass"))
+      ->capture_default_str();
+  sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
   sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
   sub->add_flag("--json", a->json, "Print one JSON object");
   a->pre.add(sub);

@@ -42,12 +42,15 @@ void run(const InfoArgs& a) {
   std::cout << std::fixed << std::setprecision(2) << "total: " << static_cast<double>(net.num_params()) / 1e6
             << " M parameters, " << static_cast<double>(macs) / 1e9 / a.batch << " GMACs per image\n";
   std::cout << "preprocessing: " << model.preprocess().describe() << "\n";
+  std::cout << "as flags: " << preprocess_flags(model.preprocess()) << "\n";
   std::cout << "labels: ";
   if (model.labels().empty()) {
     std::cout << "none (classes print as 'class N')\n";
   } else {
-    for (std::size_t i = 0; i < model.labels().size() && i < 10; ++i) std::cout << (i ? ", " : "") << model.labels()[i];
-    std::cout << (model.labels().size() > 10 ? ", ..." : "") << "\n";
+    const auto& l = model.labels();
+    std::cout << l.size() << " (";
+    for (std::size_t i = 0; i < l.size() && i < 5; ++i) std::cout << (i ? "; " : "") << l[i];
+    std::cout << (l.size() > 5 ? "; ...)" : ")") << "\n";
   }
 }
 }  // namespace
@@ -57,6 +60,7 @@ void register_info(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("info", "Show a model's layers, parameters and multiply-adds");
   sub->add_option("model", args->model.model, "Weights file, model config or shipped config name")->required();
   sub->add_option("--config", args->model.config, "Architecture for a timm .safetensors file");
+  args->model.run.add(sub);
   sub->add_option("--batch", args->batch, "Batch size for the multiply-add count")->check(CLI::PositiveNumber);
   sub->add_flag("!--no-layers", args->layers, "Only print the totals");
   sub->callback([args] { run(*args); });

@@ -26,27 +26,27 @@ extern "C" void on_signal(int) {
 }
 
 struct TrainArgs {
-  std::string config, resume, device = "cpu", save;
+  std::string config, resume, save;
   bool epochs_given = false;
-  int threads = 0;
+  RunOptions run;
   std::uint32_t init_seed = 0;
   bool no_flip = false, quiet = false, no_eval = false;
   TrainOptions opt;
 };
 
 void run(TrainArgs a) {
-  set_threads(a.threads);
+  const Device device = a.run.apply();
   if (a.no_flip) a.opt.augment.hflip = false;
   if (a.quiet) a.opt.progress = false;
   if (a.no_eval) a.opt.eval_each_epoch = false;
   RELPOS_CHECK(!a.config.empty() || !a.resume.empty(), "give --config (a new run) or --resume (a checkpoint)");
   Model model = a.resume.empty() ? Model::create(a.config, a.init_seed) : load_checkpoint_model(a.resume);
-  model.to(parse_device(a.device));
+  model.to(device);
   if (a.resume.empty())
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
               << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
               << a.opt.epochs << " epochs of batch " << a.opt.batch << ", " << a.opt.optimizer.kind << " lr " << a.opt.lr
-              << ", " << threads_in_use() << " threads, " << a.device << "; writing " << a.opt.out << "/\n";
+              << ", " << threads_in_use() << " threads, " << to_string(device) << "; writing " << a.opt.out << "/\n";
   else
     std::cerr << "relpos: resuming " << a.resume << "\n";
   std::signal(SIGINT, on_signal);
@@ -109,8 +109,7 @@ void register_train(CLI::App& app) {
   sub->add_option("-o,--out", a->opt.out, "Output folder")->capture_default_str();
   sub->add_option("--save", a->save, "Also write the trained model (relpos weights JSON) here");
   sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--threads", a->threads, "CPU threads (default: all cores)");
-  sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
+  a->run.add(sub);
   sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint)");
   sub->add_flag("--no-eval", a->no_eval, "Skip the test-set evaluation after each epoch");
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");

@@ -4,6 +4,25 @@
 #include "cli_common.hpp"
 #include "relpos/error.hpp"
 
+namespace {
+// The subcommand the user named (the deepest one parsed), or the app itself.
+const CLI::App* named_command(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) return sub;
+  return &app;
+}
+
+std::string usage_line(const CLI::App& app) {
+  const CLI::App* cmd = named_command(app);
+  std::string name = cmd == &app ? "relpos" : "relpos " + cmd->get_name();
+  std::string line = "usage: " + name;
+  if (cmd == &app) return line + " COMMAND [OPTIONS] (relpos --help lists the commands)";
+  line += " [OPTIONS]";
+  for (const CLI::Option* o : cmd->get_options())
+    if (o->get_positional()) line += " " + o->get_name() + (o->get_items_expected_max() > 1 ? "..." : "");
+  return line + " (relpos " + cmd->get_name() + " --help for all options)";
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"relpos: image classification with 2D relative-position self-attention (BoTNet, SASA)"};
   app.require_subcommand(1);
@@ -17,13 +36,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    // A usage error: the message, the usage line, exit 2 (as getopt-style tools do).
+    std::cerr << "relpos: error: " << e.what() << "\n" << usage_line(app) << "\n";
+    return relpos::cli::kExitUsage;
+  } catch (const relpos::cli::UsageError& e) {
+    std::cerr << "relpos: error: " << e.what() << "\n" << usage_line(app) << "\n";
+    return relpos::cli::kExitUsage;
   } catch (const relpos::Error& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
-    return 1;
+    return relpos::cli::kExitFailure;
   } catch (const std::exception& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
-    return 1;
+    return relpos::cli::kExitFailure;
   }
   return relpos::cli::exit_status();
 }

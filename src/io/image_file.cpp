@@ -1,0 +1,81 @@
+#include "io/image_file.hpp"
+
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstring>
+#include <opencv2/imgcodecs.hpp>
+
+#include "io/atomic_file.hpp"
+#include "relpos/error.hpp"
+
+namespace relpos::detail {
+
+namespace {
+std::uint32_t be32(const unsigned char* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+
+bool starts_with(const std::string& b, const char* magic, std::size_t n) {
+  return b.size() >= n && std::memcmp(b.data(), magic, n) == 0;
+}
+
+// Walks the chunks (length, type, data, CRC) up to IEND, checking each, and returns the file with
+// only the chunks that decide the pixels (IHDR, PLTE, tRNS, IDAT, IEND): OpenCV ignores the others
+// (colour profiles, text, times), and libpng would print warnings about some of them to stderr
+// ("iCCP: known incorrect sRGB profile"). Pillow's pixel values do not depend on them either.
+std::string check_png(const std::string& b, const std::string& name) {
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  std::size_t pos = 8;
+  bool seen_idat = false;
+  std::string kept = b.substr(0, 8);
+  while (true) {
+    RELPOS_CHECK(pos + 12 <= b.size(), name << ": truncated PNG (the file ends at byte " << b.size()
+                                            << " before the IEND chunk)");
+    const std::uint32_t len = be32(p + pos);
+    RELPOS_CHECK(len <= 0x7fffffffu && len <= b.size() - pos - 12,
+                 name << ": truncated PNG (a chunk at byte " << pos << " claims " << len << " bytes)");
+    const std::string type(b.data() + pos + 4, 4);
+    const auto crc = static_cast<std::uint32_t>(crc32(0L, p + pos + 4, static_cast<uInt>(len + 4)));
+    RELPOS_CHECK(crc == be32(p + pos + 8 + len),
+                 name << ": damaged PNG (CRC mismatch in the " << type << " chunk at byte " << pos << ")");
+    if (type == "IDAT") seen_idat = true;
+    if (type == "IHDR" || type == "PLTE" || type == "tRNS" || type == "IDAT" || type == "IEND")
+      kept.append(b, pos, 12 + len);
+    pos += 12 + len;
+    if (type == "IEND") break;
+  }
+  RELPOS_CHECK(seen_idat, name << ": damaged PNG (no image data)");
+  return kept;
+}
+
+// A JPEG must carry an end-of-image marker after its last start-of-scan.
+void check_jpeg(const std::string& b, const std::string& name) {
+  const std::size_t sos = b.rfind("\xFF\xDA");
+  RELPOS_CHECK(sos != std::string::npos, name << ": damaged JPEG (no image data)");
+  RELPOS_CHECK(b.find("\xFF\xD9", sos + 2) != std::string::npos,
+               name << ": truncated JPEG (no end-of-image marker: the file was cut short)");
+}
+}  // namespace
+
+cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name) {
+  RELPOS_CHECK(!bytes.empty(), name << ": empty file, not an image");
+  std::string png;
+  if (starts_with(bytes, "\x89PNG\r\n\x1a\n", 8)) png = check_png(bytes, name);
+  else if (starts_with(bytes, "\xFF\xD8\xFF", 3)) check_jpeg(bytes, name);
+  const std::string& data = png.empty() ? bytes : png;
+  RELPOS_CHECK(data.size() < 0x7fffffffu, name << ": " << data.size() << " bytes is too large an image file");
+  cv::Mat img;
+  try {
+    const cv::Mat buf(1, static_cast<int>(data.size()), CV_8UC1, const_cast<char*>(data.data()));
+    img = cv::imdecode(buf, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception& e) {
+    RELPOS_FAIL(name << ": OpenCV could not decode it (" << e.err << ")");
+  }
+  RELPOS_CHECK(!img.empty(), name << ": not a readable image (unknown format or damaged data)");
+  return img;
+}
+
+cv::Mat decode_image_file(const std::string& path) { return decode_image_bytes(read_file(path), path); }
+
+}  // namespace relpos::detail

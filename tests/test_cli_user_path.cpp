@@ -1,0 +1,269 @@
+// The command line on the paths a user takes off the demo: the model file is the truth for the
+// preprocessing, flags override only what was typed, class folders are matched by name, and the
+// CLI behaves like one (usage errors exit 2, bounded flags, JSON for any file name).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <sstream>
+
+#include "cli_run.hpp"
+#include "relpos/data.hpp"
+#include "relpos/error.hpp"
+#include "relpos/model.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace relpos;
+using relpos::test::run_cli;
+
+namespace {
+std::string src(const std::string& rel) { return test::source_dir() + "/" + rel; }
+std::string photo() { return src("tests/data/photos/chelsea.png"); }
+
+bool is_config_file(const std::string& path) {
+  std::ifstream in(path);
+  const json j = json::parse(in);
+  return j.contains("stages") && !j.contains("tensors");
+}
+
+Model open_like_the_cli(const std::string& path) { return is_config_file(path) ? Model::create(path) : Model::load(path); }
+
+// index -> logit from `classify --json --topk all` lines (one image)
+std::map<int, float> cli_logits(const std::string& model_args, const std::string& image, int classes) {
+  const auto r = run_cli("classify -q --json --topk " + std::to_string(classes) + " " + model_args + " " + image, true);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  std::map<int, float> out;
+  for (const json& p : j["predictions"]) out[p["index"].get<int>()] = p["logit"].get<float>();
+  return out;
+}
+
+std::vector<std::string> shipped_models() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(src("models")))
+    if (e.path().extension() == ".json") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("classify --json gives Model::classify's logits for every shipped model and config") {
+  const std::vector<std::string> models = shipped_models();
+  REQUIRE(models.size() >= 6);
+  const cv::Mat img = read_image(photo());
+  for (const std::string& path : models) {
+    CAPTURE(path);
+    const Model m = open_like_the_cli(path);
+    const int classes = m.network().config().num_classes;
+    const auto api = m.classify(img, classes);
+    const auto cli = cli_logits("-m " + path, photo(), classes);
+    REQUIRE(cli.size() == api.size());
+    float worst = 0;
+    for (const Prediction& p : api) worst = std::max(worst, std::abs(cli.at(p.index) - p.logit));
+    CHECK(worst == 0.0f);
+  }
+}
+
+TEST_CASE("a preprocessing flag overrides the model file only when given") {
+  const std::string m = "-m botnet26t_256";
+  const int classes = 1000;
+  const auto plain = cli_logits(m, photo(), classes);
+  const auto bgr = cli_logits(m + " --bgr", photo(), classes);
+  const auto rgb = cli_logits(m + " --rgb", photo(), classes);
+  CHECK(plain == rgb);   // the model says RGB: --rgb changes nothing
+  CHECK(plain != bgr);   // --bgr does
+  const auto nocrop = cli_logits(m + " --no-crop", photo(), classes);
+  CHECK(plain != nocrop);
+}
+
+TEST_CASE("convert keeps the preprocessing and labels it read; info prints them as flags") {
+  test::TempDir d;
+  for (const std::string& in : {std::string("botnet26t_256"), src("models/botnet-fmnist.json")}) {
+    CAPTURE(in);
+    const Model ref = open_like_the_cli(fs::exists(in) ? in : find_config(in));
+    for (const char* ext : {".json", ".safetensors"}) {
+      const std::string out = d.file(std::string("out") + ext);
+      REQUIRE(run_cli("convert " + in + " " + out).status == 0);
+      const Model back = Model::load(out);
+      CHECK(back.preprocess().to_json() == ref.preprocess().to_json());
+      CHECK(back.labels() == ref.labels());
+    }
+    // a flag given to convert is written, the rest stays
+    REQUIRE(run_cli("convert " + in + " " + d.file("bgr.json") + " --tta hflip").status == 0);
+    const Preprocess p = Model::load(d.file("bgr.json")).preprocess();
+    CHECK(p.tta == "hflip");
+    CHECK(p.channels == ref.preprocess().channels);
+    CHECK(p.crop == ref.preprocess().crop);
+    CHECK(p.interpolation == ref.preprocess().interpolation);
+  }
+  // info: the same preprocessing in the flags' units; applying them changes nothing
+  const auto info = run_cli("info botnet26t_256 --no-layers", true);
+  REQUIRE(info.status == 0);
+  const auto at = info.out.find("as flags: ");
+  REQUIRE(at != std::string::npos);
+  const std::string flags = info.out.substr(at + 10, info.out.find('\n', at) - at - 10);
+  CHECK(flags.find("--mean 123.675") != std::string::npos);
+  CHECK(flags.find("--crop-pct 0.95") != std::string::npos);
+  CHECK(flags.find("--interpolation bicubic") != std::string::npos);
+  // the same preprocessing up to float rounding of mean * scale
+  const auto a = cli_logits("-m botnet26t_256 " + flags, photo(), 1000), b = cli_logits("-m botnet26t_256", photo(), 1000);
+  for (const auto& [k, v] : b) CHECK(a.at(k) == doctest::Approx(v).epsilon(1e-5));
+}
+
+TEST_CASE("--mean and --std take one value or one per channel; anything else is a usage error naming the flag") {
+  const std::string fm = "classify -m " + src("models/botnet-fmnist.json") + " ";
+  const std::string img = src("samples/bag_00018.png");
+  // one value followed by the image: the image is not swallowed
+  auto r = run_cli(fm + "--mean 72.9 " + img);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("bag_00018.png") != std::string::npos);
+  r = run_cli(fm + "--mean 1,2 " + img);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--mean takes 1 value") != std::string::npos);
+  CHECK(r.out.find("usage: relpos classify") != std::string::npos);
+  r = run_cli("classify -m botnet26t_256 --std 0.2,0.2 " + photo());
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--std takes 1 value or 3") != std::string::npos);
+  r = run_cli("classify -m botnet26t_256 --mean x " + photo());
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--mean takes numbers") != std::string::npos);
+  r = run_cli("classify -m botnet26t_256 --std 0 " + photo());
+  CHECK(r.status == 2);
+  // three values on an RGB model are fine
+  CHECK(run_cli("classify -q -m botnet26t_256 --mean 120,115,100 --std 0.2,0.2,0.2 " + photo()).status == 0);
+}
+
+TEST_CASE("usage errors exit 2 with the usage line; bounded --threads; --topk 0 in words") {
+  const std::string img = src("samples/bag_00018.png");
+  const std::string fm = "-m " + src("models/botnet-fmnist.json");
+  auto r = run_cli("classify " + fm + " --bogus " + img);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("usage: relpos classify") != std::string::npos);
+  r = run_cli("classify " + fm + " --threads 100000 " + img);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--threads") != std::string::npos);
+  r = run_cli("classify " + fm + " --topk 0 " + img);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--topk must be a whole number of at least 1") != std::string::npos);
+  r = run_cli("nonsense");
+  CHECK(r.status == 2);
+  CHECK(run_cli("classify --help").status == 0);
+  // every command that runs a model takes --threads and --device
+  for (const char* cmd : {"classify", "eval", "train", "info", "convert", "bench"}) {
+    CAPTURE(cmd);
+    const auto h = run_cli(std::string(cmd) + " --help");
+    CHECK(h.out.find("--threads") != std::string::npos);
+    CHECK(h.out.find("--device") != std::string::npos);
+  }
+  CHECK(run_cli("info " + src("models/botnet-fmnist.json") + " --threads 1 --no-layers").status == 0);
+  if (!cuda_available()) {
+    r = run_cli("classify " + fm + " --device cuda " + img);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("--device cuda:") != std::string::npos);
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one sentence, no stack of messages
+  }
+}
+
+TEST_CASE("--json keeps going on file names that are not UTF-8") {
+  test::TempDir d;
+  const std::string bad = d.file("bad\xff\xfe.png");
+  fs::copy_file(src("samples/bag_00018.png"), bad);
+  fs::copy_file(src("samples/coat_00006.png"), d.file("good.png"));
+  const auto r = run_cli("classify --json -m " + src("models/botnet-fmnist.json") + " " + d.path, true);
+  CHECK(r.status == 0);
+  std::istringstream lines(r.out);
+  std::string line;
+  int n = 0, with_bytes = 0;
+  while (std::getline(lines, line)) {
+    const json j = json::parse(line);  // valid JSON, valid UTF-8
+    CHECK(j.contains("predictions"));
+    if (j.contains("image_bytes")) {
+      ++with_bytes;
+      CHECK(j["image_bytes"].get<std::string>().find("fffe2e706e67") != std::string::npos);
+    }
+    ++n;
+  }
+  CHECK(n == 2);
+  CHECK(with_bytes == 1);
+}
+
+namespace {
+// samples/<class>_NNNNN.png into root/<label folder>/ for every Fashion-MNIST class
+void make_sample_folders(const std::string& root) {
+  const std::map<std::string, std::string> prefix = {
+      {"T-shirt/top", "t-shirt-top"}, {"Trouser", "trouser"}, {"Pullover", "pullover"}, {"Dress", "dress"},
+      {"Coat", "coat"},               {"Sandal", "sandal"},   {"Shirt", "shirt"},       {"Sneaker", "sneaker"},
+      {"Bag", "bag"},                 {"Ankle boot", "ankle-boot"}};
+  for (const auto& [label, p] : prefix) {
+    const std::string dir = root + "/" + label_folder_name(label);
+    fs::create_directories(dir);
+    for (const auto& e : fs::directory_iterator(src("samples"))) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(p + "_", 0) == 0) fs::copy_file(e.path(), dir + "/" + f);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("eval matches class folders to the model's labels by name, not by alphabet") {
+  test::TempDir d;
+  make_sample_folders(d.path);
+  CHECK(label_folder_name("T-shirt/top") == "T-shirt_top");
+  auto r = run_cli("eval --json -m " + src("models/botnet-fmnist.json") + " --data " + d.path, true);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  CHECK(j["images"] == 30);
+  CHECK(j["top1"].get<double>() >= 0.9);  // classify gets 28 of 30 right; alphabetical order gets ~10%
+  CHECK(j["classes"][0] == "T-shirt/top");
+  // a folder that is no label is named
+  fs::create_directories(d.path + "/Socks");
+  fs::copy_file(src("samples/bag_00018.png"), d.path + "/Socks/x.png");
+  r = run_cli("eval -m " + src("models/botnet-fmnist.json") + " --data " + d.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("folder 'Socks' is not one of the model's 10 class labels") != std::string::npos);
+  fs::remove_all(d.path + "/Socks");
+  // a label without a folder is named
+  fs::remove_all(d.path + "/Bag");
+  r = run_cli("eval -m " + src("models/botnet-fmnist.json") + " --data " + d.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("no folder for class 'Bag'") != std::string::npos);
+}
+
+TEST_CASE("eval and classify agree on the exit status when images are skipped; each file named once") {
+  test::TempDir d;
+  make_sample_folders(d.path);
+  std::ofstream(d.path + "/Coat/broken.png") << "\x89PNG\r\n\x1a\n truncated";
+  const std::string m = "-m " + src("models/botnet-fmnist.json");
+  const auto ev = run_cli("eval " + m + " --data " + d.path);
+  const auto cl = run_cli("classify " + m + " " + d.path);
+  CHECK(ev.status == 1);
+  CHECK(cl.status == 1);
+  CHECK(ev.out.find("top-1") != std::string::npos);  // the results are still printed
+  CHECK(ev.out.find("30 images (1 unreadable, skipped)") != std::string::npos);
+  for (const auto* r : {&ev, &cl}) {
+    CHECK(r->out.find("broken.png: truncated PNG") != std::string::npos);
+    CHECK(r->out.find("broken.png: " + d.path) == std::string::npos);
+    CHECK(r->out.find("libpng") == std::string::npos);
+    CHECK(r->out.find('\r') == std::string::npos);  // no progress bar in a pipe
+  }
+}
+
+TEST_CASE("the API: topk <= 0 is an error; CV_32F images are taken in 0..255 units like 8-bit ones") {
+  const Model m = Model::load(src("models/botnet-fmnist.json"));
+  const cv::Mat img = read_image(src("samples/bag_00018.png"));
+  CHECK_THROWS_AS(m.classify(img, 0), Error);
+  CHECK_THROWS_AS(m.classify(img, -3), Error);
+  cv::Mat f;
+  img.convertTo(f, CV_32F);
+  const auto a = m.classify(img, 10), b = m.classify(f, 10);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].index == b[i].index);
+    CHECK(a[i].logit == doctest::Approx(b[i].logit).epsilon(1e-5));
+  }
+}
