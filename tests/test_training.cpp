@@ -276,6 +276,44 @@ TEST_CASE("a run stopped mid-epoch or between epochs resumes to exactly the unin
   CHECK(fs::exists(dir.path + "/stopped/checkpoint.safetensors"));
 }
 
+TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from one is exact") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 12, 3);  // 36 images: 2 batches of 16 per epoch
+  const std::string data = dir.path + "/data";
+  Model full = Model::create(test::tiny_rgb_config(), 9);
+  TrainOptions o = small_run(data, dir.path + "/full");
+  o.checkpoint_minutes = 0;  // epoch ends only
+  CHECK(train(full, o).checkpoints == 2);
+  // due after every step: one inside each epoch (after its first batch) and one at each end
+  Model often = Model::create(test::tiny_rgb_config(), 9);
+  o = small_run(data, dir.path + "/often");
+  o.checkpoint_minutes = 1e-12;
+  CHECK(train(often, o).checkpoints == 4);
+  CHECK(weights_of(often) == weights_of(full));  // checkpoints do not change the run
+  // a run that stops right after a mid-epoch checkpoint resumes to the same weights
+  Model part = Model::create(test::tiny_rgb_config(), 9);
+  o = small_run(data, dir.path + "/part");
+  o.checkpoint_minutes = 1e-12;
+  o.max_steps = 3;
+  train(part, o);
+  Model resumed = Model::create(test::tiny_rgb_config(), 5);
+  train(resumed, small_run(data, dir.path + "/part"), dir.path + "/part/checkpoint.safetensors");
+  CHECK(weights_of(resumed) == weights_of(full));
+}
+
+TEST_CASE("training options from an older checkpoint without newer keys load with their defaults") {
+  TrainOptions o;
+  o.lr = 0.25f;
+  nlohmann::json j = o.to_json();
+  j.erase("checkpoint_minutes");
+  j.erase("max_steps");
+  j["augment"].erase("erase_max_area");
+  const TrainOptions back = TrainOptions::from_json(j);
+  CHECK(back.lr == 0.25f);
+  CHECK(back.checkpoint_minutes == TrainOptions{}.checkpoint_minutes);
+  CHECK(back.augment.erase_max_area == TrainOptions{}.augment.erase_max_area);
+}
+
 TEST_CASE("evaluation: confusion matrix, per-class accuracy; wrong class counts are refused") {
   test::TempDir dir;
   test::make_pattern_dataset(dir.path, 2, 5);

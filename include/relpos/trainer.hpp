@@ -34,6 +34,9 @@ struct TrainOptions {
   std::string out = "runs/train";
   bool progress = true;   // progress bar on stderr
   long max_steps = 0;     // stop after this many steps in total (0: no limit; for tests)
+  // A checkpoint is also written inside an epoch once this many minutes have passed since the last
+  // one (0: at epoch ends only), so a killed run loses at most that much work.
+  double checkpoint_minutes = 2.0;
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
@@ -54,6 +57,7 @@ struct TrainResult {
   double seconds = 0.0;  // training time of this run (resumed runs: this part only)
   double images = 0.0;   // images trained on in this run
   double step_seconds = 0.0;  // time inside training steps (data waits included, evaluation excluded)
+  int checkpoints = 0;        // checkpoints written by this run
 };
 
 // Trains model in place. If resume names a checkpoint, the model, options and progress come from

@@ -28,39 +28,53 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_batch", eval_batch},
           {"eval_each_epoch", eval_each_epoch},
           {"out", out},
-          {"max_steps", max_steps}};
+          {"max_steps", max_steps},
+          {"checkpoint_minutes", checkpoint_minutes}};
 }
+
+namespace {
+// A key that is absent keeps its default: checkpoints written before an option existed still load.
+template <class T>
+void read_optional(const json& j, const char* key, T& into) {
+  if (j.contains(key)) into = j.at(key).get<T>();
+}
+}  // namespace
 
 TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   TrainOptions o;
   try {
-    o.data = j.at("data").get<std::string>();
-    o.epochs = j.at("epochs").get<int>();
-    o.batch = j.at("batch").get<int>();
-    o.lr = j.at("lr").get<float>();
-    o.min_lr = j.at("min_lr").get<float>();
-    o.warmup_epochs = j.at("warmup_epochs").get<float>();
-    o.label_smoothing = j.at("label_smoothing").get<float>();
-    const json& op = j.at("optimizer");
-    o.optimizer.kind = op.at("kind").get<std::string>();
-    o.optimizer.momentum = op.at("momentum").get<float>();
-    o.optimizer.nesterov = op.at("nesterov").get<bool>();
-    o.optimizer.weight_decay = op.at("weight_decay").get<float>();
-    o.optimizer.beta1 = op.at("beta1").get<float>();
-    o.optimizer.beta2 = op.at("beta2").get<float>();
-    o.optimizer.eps = op.at("eps").get<float>();
-    const json& a = j.at("augment");
-    o.augment.pad = a.at("pad").get<int>();
-    o.augment.hflip = a.at("hflip").get<bool>();
-    o.augment.erase_prob = a.at("erase_prob").get<float>();
-    o.augment.erase_min_area = a.at("erase_min_area").get<float>();
-    o.augment.erase_max_area = a.at("erase_max_area").get<float>();
-    o.seed = j.at("seed").get<std::uint64_t>();
-    o.workers = j.at("workers").get<int>();
-    o.eval_batch = j.at("eval_batch").get<int>();
-    o.eval_each_epoch = j.at("eval_each_epoch").get<bool>();
-    o.out = j.at("out").get<std::string>();
-    o.max_steps = j.at("max_steps").get<long>();
+    read_optional(j, "data", o.data);
+    read_optional(j, "epochs", o.epochs);
+    read_optional(j, "batch", o.batch);
+    read_optional(j, "lr", o.lr);
+    read_optional(j, "min_lr", o.min_lr);
+    read_optional(j, "warmup_epochs", o.warmup_epochs);
+    read_optional(j, "label_smoothing", o.label_smoothing);
+    if (j.contains("optimizer")) {
+      const json& op = j.at("optimizer");
+      read_optional(op, "kind", o.optimizer.kind);
+      read_optional(op, "momentum", o.optimizer.momentum);
+      read_optional(op, "nesterov", o.optimizer.nesterov);
+      read_optional(op, "weight_decay", o.optimizer.weight_decay);
+      read_optional(op, "beta1", o.optimizer.beta1);
+      read_optional(op, "beta2", o.optimizer.beta2);
+      read_optional(op, "eps", o.optimizer.eps);
+    }
+    if (j.contains("augment")) {
+      const json& a = j.at("augment");
+      read_optional(a, "pad", o.augment.pad);
+      read_optional(a, "hflip", o.augment.hflip);
+      read_optional(a, "erase_prob", o.augment.erase_prob);
+      read_optional(a, "erase_min_area", o.augment.erase_min_area);
+      read_optional(a, "erase_max_area", o.augment.erase_max_area);
+    }
+    read_optional(j, "seed", o.seed);
+    read_optional(j, "workers", o.workers);
+    read_optional(j, "eval_batch", o.eval_batch);
+    read_optional(j, "eval_each_epoch", o.eval_each_epoch);
+    read_optional(j, "out", o.out);
+    read_optional(j, "max_steps", o.max_steps);
+    read_optional(j, "checkpoint_minutes", o.checkpoint_minutes);
   } catch (const json::exception& e) {
     RELPOS_FAIL("training options in the checkpoint are incomplete (" << e.what() << ")");
   }

@@ -141,6 +141,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.progress = options.progress;
     opts.workers = options.workers;
     opts.max_steps = options.max_steps;
+    opts.checkpoint_minutes = options.checkpoint_minutes;
     if (resume_epochs > 0) opts.epochs = resume_epochs;
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
@@ -185,10 +186,13 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   Progress bar(opts.progress);
   const auto run_start = Clock::now();
   const double run_before = prog.run_seconds;
+  auto last_save = Clock::now();
   auto save = [&] {
     prog.run_seconds = run_before + seconds_since(run_start);
     detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog);
     result.checkpoint = ckpt_path;
+    ++result.checkpoints;
+    last_save = Clock::now();
   };
   const int classes = net.config().num_classes;
   double train_seconds = 0.0;  // in finished epochs of this run
@@ -235,6 +239,12 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
         result.history = prog.history;
         result.seconds = seconds_since(run_start);
         return result;
+      }
+      // Inside an epoch, a checkpoint every checkpoint_minutes (resuming from it is exact, as after Ctrl-C).
+      if (opts.checkpoint_minutes > 0 && prog.batch_in_epoch < per_epoch &&
+          seconds_since(last_save) >= 60.0 * opts.checkpoint_minutes) {
+        net.release_saved();
+        save();
       }
     }
     bar.end_line();

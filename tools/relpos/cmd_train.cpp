@@ -111,6 +111,11 @@ void register_train(CLI::App& app) {
   sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(CLI::PositiveNumber)->capture_default_str();
   a->run.add(sub);
   sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint)");
+  sub->add_option("--checkpoint-every", a->opt.checkpoint_minutes,
+                  "Minutes between checkpoints inside an epoch (0: at epoch ends only); a killed run loses at most "
+                  "this much work")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   sub->add_flag("--no-eval", a->no_eval, "Skip the test-set evaluation after each epoch");
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
   sub->callback([a, sub] {
