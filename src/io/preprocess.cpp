@@ -139,6 +139,7 @@ long round_half_even(double x) { return static_cast<long>(std::nearbyint(x)); }
 struct Geometry {
   long rh = 0, rw = 0;        // the resized image
   long oy = 0, ox = 0;        // crop window origin in resized coordinates (negative: padding)
+  bool bilinear = false;      // timm resizes with bilinear here whatever the interpolation says
 };
 
 // timm's eval transform geometry (timm.data.transforms_factory.transforms_imagenet_eval, 0.9.x):
@@ -166,6 +167,9 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
     const double ratio_h = static_cast<double>(ih) / static_cast<double>(sh);
     const double ratio_w = static_cast<double>(iw) / static_cast<double>(sw);
     const double ratio = p.crop_mode == "border" ? std::max(ratio_h, ratio_w) : std::min(ratio_h, ratio_w);
+    // timm 0.9 builds ResizeKeepRatio(scale_size) without its interpolation for center mode, so
+    // a non-square input size resizes with ResizeKeepRatio's default, bilinear.
+    g.bilinear = p.crop_mode == "center";
     g.rh = round_half_even(static_cast<double>(ih) / ratio);
     g.rw = round_half_even(static_cast<double>(iw) / ratio);
   }
@@ -191,7 +195,8 @@ cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p) {
   const cv::Rect region(static_cast<int>(x0), static_cast<int>(y0), static_cast<int>(x1 - x0),
                         static_cast<int>(y1 - y0));
   const cv::Mat inside =
-      pil_resize(img, static_cast<int>(g.rw), static_cast<int>(g.rh), pil_filter(p.interpolation), region);
+      pil_resize(img, static_cast<int>(g.rw), static_cast<int>(g.rh),
+                 g.bilinear ? PilFilter::Bilinear : pil_filter(p.interpolation), region);
   if (region.width == p.width && region.height == p.height) return inside;
   // Padding: 0 for center and squash (torchvision), the mean colour for border (timm).
   cv::Scalar fill = cv::Scalar::all(0);
