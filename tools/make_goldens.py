@@ -1,10 +1,11 @@
 """Regenerates relpos's own golden tensors, tests/golden/*.safetensors, that the test suite compares
 the library against (docs/attention.md gives the math; tests/test_*_golden.cpp read the files).
 
-    /work/main/.venv-bench/bin/python tools/make_goldens.py [--out tests/golden] [--check]
+    .venv-bench/bin/python tools/make_goldens.py [--out tests/golden] [--check]
 
 Run it with PyTorch 1.13 and timm 0.9.16 (tools/bench/python_env.sh makes such an environment). Each
-case has a fixed seed, so a rerun writes the same numbers on the same torch build. The cases:
+case has a fixed seed and headers are written in sorted order, so a rerun on the same torch build writes
+the same bytes. The cases:
 
 - rel_logits_h5w7:   timm's PosEmbedRel on a random q: q (B*heads, H*W, d), tables, rel_logits.
 - bot_attn_s1_h6w8, bot_attn_s2_h8w6: one timm BottleneckAttn, forward and backward:
