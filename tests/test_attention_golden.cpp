@@ -1,6 +1,6 @@
-// The attention ops against the reference tensors of ../shared/golden (SPEC sections 1, 2, 4),
-// composed from ops exactly as the layers compose them: qkv 1x1 conv -> attention -> 2x2 avg
-// pool when the stride is 2.
+// The attention ops against the reference tensors of tests/golden (tools/make_goldens.py; math in
+// docs/attention.md), and of ../shared/golden as a cross-check when present, composed from ops
+// exactly as the layers compose them: qkv 1x1 conv -> attention -> 2x2 avg pool when the stride is 2.
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
@@ -41,8 +41,7 @@ AttnCase run_bot(const SafetensorsFile& f, const BotAttnSpec& spec, int stride) 
   return c;
 }
 
-void check_bot_case(const std::string& name) {
-  auto f = test::golden(name);
+void check_bot_case(const SafetensorsFile& f, const std::string& name) {
   BotAttnSpec spec;
   spec.heads = meta_int(f, "num_heads");
   spec.dqk = meta_int(f, "dim_head_qk");
@@ -56,8 +55,7 @@ void check_bot_case(const std::string& name) {
   check_grad(c.dpos_w, f.tensor("grad.pos_embed.width_rel"), name + " grad.width_rel");
 }
 
-void check_sasa_case(const std::string& name) {
-  auto f = test::golden(name);
+void check_sasa_case(const SafetensorsFile& f, const std::string& name) {
   SasaSpec spec;
   spec.heads = meta_int(f, "heads");
   spec.dqk = meta_int(f, "dim_head_qk");
@@ -85,21 +83,32 @@ void check_sasa_case(const std::string& name) {
 }  // namespace
 
 TEST_CASE("rel_logits_h5w7: q.Rh and q.Rw expanded over the key grid match timm's PosEmbedRel") {
-  auto f = test::golden("rel_logits_h5w7");
-  const int H = meta_int(f, "H"), W = meta_int(f, "W");
-  Tensor got = ops::rel_pos_logits(f.tensor("q"), f.tensor("height_rel"), f.tensor("width_rel"), H, W);
-  check_forward(got, f.tensor("rel_logits"), "rel_logits");
+  test::for_each_golden("rel_logits_h5w7", [](const SafetensorsFile& f, const std::string& label) {
+    const int H = meta_int(f, "H"), W = meta_int(f, "W");
+    Tensor got = ops::rel_pos_logits(f.tensor("q"), f.tensor("height_rel"), f.tensor("width_rel"), H, W);
+    check_forward(got, f.tensor("rel_logits"), label + " rel_logits");
+  });
 }
 
-TEST_CASE("bot_attn_s1_h6w8: BoTNet attention forward and backward match timm") { check_bot_case("bot_attn_s1_h6w8"); }
+TEST_CASE("bot_attn_s1_h6w8: BoTNet attention forward and backward match timm") {
+  test::for_each_golden("bot_attn_s1_h6w8", [](const SafetensorsFile& f, const std::string& label) {
+    check_bot_case(f, label + " bot_attn_s1_h6w8");
+  });
+}
 TEST_CASE("bot_attn_s2_h8w6: stride 2 (attention then 2x2 average pool) matches timm") {
-  check_bot_case("bot_attn_s2_h8w6");
+  test::for_each_golden("bot_attn_s2_h8w6", [](const SafetensorsFile& f, const std::string& label) {
+    check_bot_case(f, label + " bot_attn_s2_h8w6");
+  });
 }
 TEST_CASE("sasa_k7_s1_h9w11: local attention with masked borders matches the reference") {
-  check_sasa_case("sasa_k7_s1_h9w11");
+  test::for_each_golden("sasa_k7_s1_h9w11", [](const SafetensorsFile& f, const std::string& label) {
+    check_sasa_case(f, label + " sasa_k7_s1_h9w11");
+  });
 }
 TEST_CASE("sasa_k3_s2_h8w6: local attention with stride 2 matches the reference") {
-  check_sasa_case("sasa_k3_s2_h8w6");
+  test::for_each_golden("sasa_k3_s2_h8w6", [](const SafetensorsFile& f, const std::string& label) {
+    check_sasa_case(f, label + " sasa_k3_s2_h8w6");
+  });
 }
 
 TEST_CASE("a fixed-size attention layer rejects a map of another size with a clear message") {

@@ -1,5 +1,5 @@
 // Every BoTNet attention option (clip, per-head tables, absolute / no positions, scale_pos_embed)
-// and SASA windows, against a plain-loop double-precision reference of SPEC sections 1 and 2:
+// and SASA windows, against a plain-loop double-precision reference of docs/attention.md:
 // forward values, and gradients against central differences of that reference.
 #include <cmath>
 #include <functional>

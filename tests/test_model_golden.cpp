@@ -27,20 +27,18 @@ void load_golden_params(Network& net, const SafetensorsFile& f) {
   CHECK(used == in_file);
   net.prepare_inference();
 }
-}  // namespace
 
-TEST_CASE("tiny_botnet_96x64: eval logits from timm's parameters match timm") {
-  // The file's param.* running statistics are those *after* its training step (they equal
-  // after_train_step.* exactly), while logits_eval was computed *before* it; timm itself misses
-  // logits_eval by 0.46 with param.* as stored. One training-mode forward moves the statistics
-  // on once more (r2 = 0.9 after + 0.1 batch), which recovers the earlier ones:
-  // before = (after - 0.1 batch) / 0.9 = (1.9 after - r2) / 0.9.
-  auto f = test::golden("tiny_botnet_96x64");
-  Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
-  CHECK(net.num_params() == std::stoll(f.metadata().at("params")));
-  load_golden_params(net, f);
-  const Tensor input = f.tensor("input");
-  test::check_forward(net.forward(input), f.tensor("logits_train"), "logits_train (batch statistics)");
+// Leaves in `net` (loaded by load_golden_params) the running statistics from before the file's
+// training step. The project's files (metadata param_stats = before_train_step) store those in
+// param.*. The shared file's param.* hold the statistics *after* its step (they equal
+// after_train_step.* exactly) while its logits_eval was computed before it; one training-mode
+// forward moves them on once more (r2 = 0.9 after + 0.1 batch), which recovers the earlier ones:
+// before = (after - 0.1 batch) / 0.9 = (1.9 after - r2) / 0.9.
+void restore_stats_before_step(Network& net, const SafetensorsFile& f) {
+  const auto& meta = f.metadata();
+  const auto it = meta.find("param_stats");
+  if (it != meta.end() && it->second == "before_train_step") return;
+  net.forward(f.tensor("input"));
   for (const auto& p : net.params()) {
     if (p.grad) continue;
     const auto after = f.tensor("param." + p.name).to_vector();
@@ -49,16 +47,32 @@ TEST_CASE("tiny_botnet_96x64: eval logits from timm's parameters match timm") {
     p.value->copy_from(Tensor::from_vector(p.value->shape(), r2));
   }
   net.prepare_inference();
-  test::check_forward(net.infer(input), f.tensor("logits_eval"), "logits_eval");
+}
+
+const char* kTiny = "tiny_botnet_96x64";
+}  // namespace
+
+TEST_CASE("tiny_botnet_96x64: eval logits from timm's parameters match timm") {
+  test::for_each_golden(kTiny, [](const SafetensorsFile& f, const std::string& label) {
+    Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+    CHECK(net.num_params() == std::stoll(f.metadata().at("params")));
+    load_golden_params(net, f);
+    restore_stats_before_step(net, f);
+    const Tensor input = f.tensor("input");
+    test::check_forward(net.infer(input), f.tensor("logits_eval"), label + " logits_eval");
+    test::check_forward(net.forward(input), f.tensor("logits_train"), label + " logits_train (batch statistics)");
+  });
 }
 
 TEST_CASE("tiny_botnet_96x64: param.* loads under timm's names and runs in eval mode") {
-  auto f = test::golden("tiny_botnet_96x64");
-  Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
-  load_golden_params(net, f);
-  const Tensor logits = net.infer(f.tensor("input"));
-  CHECK(logits.shape() == Shape{4, 10});
-  for (float v : logits.to_vector()) CHECK(std::isfinite(v));
+  test::for_each_golden(kTiny, [](const SafetensorsFile& f, const std::string&) {
+    Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+    load_golden_params(net, f);
+    const Tensor input = f.tensor("input");
+    const Tensor logits = net.infer(input);
+    CHECK(logits.shape() == Shape{input.shape()[0], 10});
+    for (float v : logits.to_vector()) CHECK(std::isfinite(v));
+  });
 }
 
 TEST_CASE("botnet26t_256 has timm's 12.49M parameters and feature sizes 64, 32, 16, 8") {
@@ -79,37 +93,29 @@ TEST_CASE("a fixed-size model names its input size when given another") {
 }
 
 TEST_CASE("tiny_botnet_96x64: one training step matches timm: logits, loss, every gradient, running stats") {
-  auto f = test::golden("tiny_botnet_96x64");
-  Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
-  load_golden_params(net, f);
-  // param.* holds the running statistics after the step (see above); one step from the
-  // statistics before it must land on after_train_step.*. Recover them first.
-  net.forward(f.tensor("input"));
-  for (const auto& p : net.params()) {
-    if (p.grad) continue;
-    const auto after = f.tensor("param." + p.name).to_vector();
-    auto r2 = p.value->to_vector();
-    for (std::size_t i = 0; i < r2.size(); ++i) r2[i] = (1.9f * after[i] - r2[i]) / 0.9f;
-    p.value->copy_from(Tensor::from_vector(p.value->shape(), r2));
-  }
-  const Tensor logits = net.forward(f.tensor("input"));
-  test::check_forward(logits, f.tensor("logits_train"), "logits_train");
-  std::vector<int> labels;
-  for (float v : f.tensor("labels").to_vector()) labels.push_back(static_cast<int>(v));
-  const ops::CrossEntropy ce = ops::cross_entropy(logits, labels);
-  CHECK(ce.loss == doctest::Approx(f.tensor("loss").to_vector()[0]).epsilon(1e-5));
-  net.backward(ce.dlogits);
-  int grads = 0, stats = 0;
-  for (const auto& p : net.params()) {
-    if (p.grad) {
-      REQUIRE_MESSAGE(p.grad->defined(), p.name << " got no gradient");
-      test::check_grad(*p.grad, f.tensor("grad." + p.name), "grad." + p.name);
-      ++grads;
-    } else {
-      test::check_forward(*p.value, f.tensor("after_train_step." + p.name), "after_train_step." + p.name);
-      ++stats;
+  test::for_each_golden(kTiny, [](const SafetensorsFile& f, const std::string& label) {
+    Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+    load_golden_params(net, f);
+    restore_stats_before_step(net, f);  // one step from these must land on after_train_step.*
+    const Tensor logits = net.forward(f.tensor("input"));
+    test::check_forward(logits, f.tensor("logits_train"), label + " logits_train");
+    std::vector<int> labels;
+    for (float v : f.tensor("labels").to_vector()) labels.push_back(static_cast<int>(v));
+    const ops::CrossEntropy ce = ops::cross_entropy(logits, labels);
+    CHECK(ce.loss == doctest::Approx(f.tensor("loss").to_vector()[0]).epsilon(1e-5));
+    net.backward(ce.dlogits);
+    int grads = 0, stats = 0;
+    for (const auto& p : net.params()) {
+      if (p.grad) {
+        REQUIRE_MESSAGE(p.grad->defined(), p.name << " got no gradient");
+        test::check_grad(*p.grad, f.tensor("grad." + p.name), label + " grad." + p.name);
+        ++grads;
+      } else {
+        test::check_forward(*p.value, f.tensor("after_train_step." + p.name), label + " after_train_step." + p.name);
+        ++stats;
+      }
     }
-  }
-  CHECK(grads == 83);
-  CHECK(stats == 50);
+    CHECK(grads == 83);
+    CHECK(stats == 50);
+  });
 }

@@ -7,16 +7,35 @@
 
 namespace relpos::test {
 
-std::string golden_dir() {
-  if (const char* env = std::getenv("RELPOS_GOLDEN_DIR")) return env;
-  return RELPOS_GOLDEN_DIR;
-}
+std::string golden_dir() { return RELPOS_OWN_GOLDEN_DIR; }
 
 SafetensorsFile golden(const std::string& name) {
   const std::string path = golden_dir() + "/" + name + ".safetensors";
   if (!std::filesystem::exists(path))
-    FAIL("golden file " << path << " not found; set RELPOS_GOLDEN_DIR or configure with -DRELPOS_GOLDEN_DIR=...");
+    FAIL("golden file " << path << " not found; tools/make_goldens.py writes it");
   return SafetensorsFile::read(path);
+}
+
+std::string shared_golden_dir() {
+  if (const char* env = std::getenv("RELPOS_GOLDEN_DIR")) return env;
+  return RELPOS_GOLDEN_DIR;
+}
+
+std::optional<SafetensorsFile> shared_golden(const std::string& name) {
+  const std::string dir = shared_golden_dir();
+  if (!std::filesystem::is_directory(dir)) {
+    MESSAGE("cross-check against " << dir << " skipped: no such folder (optional; set RELPOS_GOLDEN_DIR)");
+    return std::nullopt;
+  }
+  const std::string path = dir + "/" + name + ".safetensors";
+  if (!std::filesystem::exists(path)) FAIL("the cross-check folder " << dir << " lacks " << name << ".safetensors");
+  return SafetensorsFile::read(path);
+}
+
+void for_each_golden(const std::string& name,
+                     const std::function<void(const SafetensorsFile& f, const std::string& label)>& check) {
+  check(golden(name), "tests/golden");
+  if (auto shared = shared_golden(name)) check(*shared, "shared");
 }
 
 std::string source_dir() { return RELPOS_SOURCE_DIR; }

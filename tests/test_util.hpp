@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -11,15 +13,25 @@
 
 namespace relpos::test {
 
-// Folder of the reference files: $RELPOS_GOLDEN_DIR, else the one CMake was configured with.
+// The project's own reference files, tests/golden/<name>.safetensors (made by tools/make_goldens.py);
+// a missing one fails the test.
 std::string golden_dir();
 SafetensorsFile golden(const std::string& name);  // e.g. "bot_attn_s1_h6w8"
+// An optional second set of reference files for a cross-check: $RELPOS_GOLDEN_DIR, else the folder
+// CMake was configured with (default ../shared/golden beside the checkout). When that folder does not
+// exist the cross-check is skipped with a message; when it exists it must hold the file.
+std::string shared_golden_dir();
+std::optional<SafetensorsFile> shared_golden(const std::string& name);
+// Runs `check` on the project's golden file `name`, then on the shared one when there is one; `label`
+// ("tests/golden" or "shared") is for messages.
+void for_each_golden(const std::string& name,
+                     const std::function<void(const SafetensorsFile& f, const std::string& label)>& check);
 std::string source_dir();
 
 float max_abs(const Tensor& t);
 float max_abs_diff(const Tensor& a, const Tensor& b);  // shapes must match (any layout/device)
 
-// SPEC section 4: forward values within 1e-4 * max(1, max|ref|); gradients within 1e-3
+// docs/attention.md, "Reference tolerances": forward values within 1e-4 * max(1, max|ref|); gradients within 1e-3
 // relative to the largest reference magnitude.
 void check_forward(const Tensor& got, const Tensor& ref, const std::string& what);
 void check_grad(const Tensor& got, const Tensor& ref, const std::string& what);

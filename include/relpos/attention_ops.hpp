@@ -1,4 +1,4 @@
-// relpos: the two attention operations (SPEC sections 1 and 2), without their qkv projection
+// relpos: the two attention operations (docs/attention.md), without their qkv projection
 // or pooling. Both take the qkv projection as one (B, 2*heads*dqk + heads*dv, H, W) tensor,
 // split q | k | v with head-major channels inside each part, and return (B, heads*dv, H, W)
 // with channel head*dv + c. Inputs of either layout; outputs ChannelsLast.

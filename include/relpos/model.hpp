@@ -43,7 +43,7 @@ class Model {
   static Model create(const std::string& config, std::uint32_t seed = 0);
   Model(Network network, std::vector<std::string> labels, Preprocess preprocess);
 
-  // The weights JSON of SPEC section 5 (written atomically).
+  // The weights JSON of docs/formats.md (written atomically).
   void save_json(const std::string& path, TensorEncoding encoding = TensorEncoding::Base64) const;
   // safetensors with timm's tensor names; config, labels and preprocessing in __metadata__.
   void save_safetensors(const std::string& path) const;

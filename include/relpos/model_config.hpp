@@ -32,7 +32,7 @@ struct StemConfig {
   bool operator==(const StemConfig& o) const;
 };
 
-// Options of the BoTNet attention layers (SPEC section 1).
+// Options of the BoTNet attention layers (docs/attention.md; keys in docs/config.md).
 struct SelfAttnConfig {
   int heads = 4;
   double qk_ratio = 1.0;
@@ -43,7 +43,7 @@ struct SelfAttnConfig {
   bool operator==(const SelfAttnConfig& o) const;
 };
 
-// Options of the SASA local attention layers (SPEC section 2).
+// Options of the SASA local attention layers (docs/attention.md; keys in docs/config.md).
 struct SasaConfig {
   int heads = 8;
   int kernel = 7;

@@ -1,4 +1,4 @@
-// BoTNet global attention with 2D relative positions on the CPU (SPEC section 1).
+// BoTNet global attention with 2D relative positions on the CPU (docs/attention.md).
 //
 // Per image b and head h, with Q, K, V read in place from the channels-last qkv tensor (row
 // stride = qkv channels):

@@ -1,4 +1,4 @@
-// Stand-alone local self-attention (SASA) on the CPU (SPEC section 2).
+// Stand-alone local self-attention (SASA) on the CPU (docs/attention.md, "SASA local attention").
 //
 // Each pixel's query attends over the k x k window centred on it; keys outside the image are
 // left out of the softmax. With channels-last qkv, a pixel's q, k and v are contiguous, so the

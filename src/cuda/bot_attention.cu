@@ -1,4 +1,4 @@
-// BoTNet global attention with 2D relative positions on the GPU (SPEC section 1).
+// BoTNet global attention with 2D relative positions on the GPU (docs/attention.md).
 //
 // Per head h, batched over images with cuBLAS strided-batched GEMMs reading Q, K, V in place from
 // the NHWC qkv tensor (row stride = qkv channels):

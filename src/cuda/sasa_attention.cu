@@ -1,4 +1,4 @@
-// SASA local attention on the GPU (SPEC section 2): one thread per (pixel, head), as the CPU
+// SASA local attention on the GPU (docs/attention.md): one thread per (pixel, head), as the CPU
 // kernel does per loop iteration. The embedding gradients go through per-head GEMMs of the
 // per-query window sums (no atomics, so they are deterministic).
 #include <cfloat>

@@ -1,4 +1,4 @@
-// Loading and saving models: the relpos weights JSON (SPEC section 5) and safetensors files
+// Loading and saving models: the relpos weights JSON (docs/formats.md) and safetensors files
 // (timm's, or relpos's own with the config, labels and preprocessing in __metadata__).
 #include <cmath>
 #include <cstring>

@@ -3,7 +3,7 @@
 
 Creates timm's model with random weights, saves them as safetensors (timm's names), then times
 `relpos bench` and timm's forward in alternating rounds on the same batch, prints img/s of each and
-the ratio, and checks that the logits agree (SPEC tolerance: 1e-4 * max(1, max|ref|)).
+the ratio, and checks that the logits agree (tolerance of docs/attention.md: 1e-4 * max(1, max|ref|)).
     tools/bench/bench_cpu.sh [--batches 1 8] [--threads 2] [--seconds 10]
 """
 import argparse
