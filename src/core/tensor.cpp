@@ -7,6 +7,7 @@
 
 #include "core/caching_allocator.hpp"
 #include "core/device_memory.hpp"
+#include "core/checked_math.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -31,7 +32,10 @@ std::string to_string(const Shape& s) {
 
 std::int64_t numel_of(const Shape& s) {
   std::int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s) {
+    // hot path: build the message only on failure
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) checked_numel(s, "tensor shape " + to_string(s));
+  }
   return n;
 }
 

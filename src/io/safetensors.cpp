@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/checked_math.hpp"
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
 
@@ -117,10 +118,11 @@ SafetensorsFile SafetensorsFile::parse(std::vector<char> bytes, const std::strin
       RELPOS_CHECK(e.begin <= e.end && e.end <= data_size,
                    "bytes " << e.begin << ".." << e.end << " lie outside the " << data_size
                             << "-byte data section (truncated file?)");
-      RELPOS_CHECK(e.end - e.begin == static_cast<std::uint64_t>(numel_of(e.shape)) * es,
-                   "shape " << to_string(e.shape) << " of " << e.dtype << " needs "
-                            << numel_of(e.shape) * static_cast<std::int64_t>(es) << " bytes but the file gives "
-                            << e.end - e.begin);
+      const std::uint64_t need = checked_mul(
+          static_cast<std::uint64_t>(checked_numel(e.shape, "shape " + to_string(e.shape))), es,
+          "shape " + to_string(e.shape) + " of " + e.dtype);
+      RELPOS_CHECK(e.end - e.begin == need, "shape " << to_string(e.shape) << " of " << e.dtype << " needs " << need
+                                                     << " bytes but the file gives " << e.end - e.begin);
       f.index_[name] = f.entries_.size();
       f.entries_.push_back(std::move(e));
     } catch (const Error& err) {

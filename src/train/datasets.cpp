@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/checked_math.hpp"
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
 
@@ -41,11 +42,16 @@ std::vector<std::uint32_t> idx_header(const std::vector<std::uint8_t>& b, const 
   RELPOS_CHECK(b[3] == want_dims, path << ": IDX array has " << int{b[3]} << " dimensions, expected " << want_dims);
   RELPOS_CHECK(b.size() >= 4 + 4u * static_cast<std::size_t>(want_dims), path << ": truncated IDX header");
   std::vector<std::uint32_t> dims;
-  std::size_t total = 1;
+  std::uint64_t total = 1;
   for (int i = 0; i < want_dims; ++i) {
     dims.push_back(be32(b.data() + 4 + 4 * i));
-    total *= dims.back();
+    total = checked_mul(total, dims.back(), path + ": IDX dimension " + std::to_string(i));
   }
+  // images: rows and columns become cv::Mat ints; keep them positive and small enough for any image
+  for (int i = 1; i < want_dims; ++i)
+    RELPOS_CHECK(dims[static_cast<std::size_t>(i)] >= 1 && dims[static_cast<std::size_t>(i)] <= 65536,
+                 path << ": IDX dimension " << i << " is " << dims[static_cast<std::size_t>(i)]
+                      << ", outside 1..65536");
   const std::size_t have = b.size() - 4 - 4u * static_cast<std::size_t>(want_dims);
   RELPOS_CHECK(have == total, path << ": IDX header promises " << total << " bytes of data, the file holds " << have);
   return dims;

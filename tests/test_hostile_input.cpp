@@ -1,0 +1,111 @@
+// Hostile input (issue 10): sizes read from files that would wrap in 64-bit arithmetic must fail
+// with a relpos::Error that names the file and the field, never under-allocate or read past a buffer.
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "relpos/data.hpp"
+#include "relpos/error.hpp"
+#include "relpos/safetensors.hpp"
+#include "relpos/tensor.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+
+namespace {
+
+// A safetensors buffer with one F32 tensor `x` of the given JSON shape and `data_bytes` zero bytes.
+std::vector<char> safetensors_bytes(const std::string& shape_json, std::uint64_t end, std::size_t data_bytes) {
+  const std::string header =
+      "{\"x\":{\"dtype\":\"F32\",\"shape\":" + shape_json + ",\"data_offsets\":[0," + std::to_string(end) + "]}}";
+  std::vector<char> b(8 + header.size() + data_bytes, 0);
+  const std::uint64_t hlen = header.size();
+  std::memcpy(b.data(), &hlen, 8);
+  std::memcpy(b.data() + 8, header.data(), header.size());
+  return b;
+}
+
+std::string error_of(const std::vector<char>& bytes) {
+  try {
+    SafetensorsFile::parse(bytes, "evil.safetensors");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: a shape whose byte size wraps 64 bits is rejected, naming file and tensor") {
+  const std::string msg = error_of(safetensors_bytes("[4611686018427387905,1]", 4, 4));
+  CHECK(msg.find("evil.safetensors") != std::string::npos);
+  CHECK(msg.find("'x'") != std::string::npos);
+  CHECK(msg.find("overflow") != std::string::npos);
+}
+
+TEST_CASE("safetensors: a shape whose element count overflows int64 is rejected") {
+  const std::string msg = error_of(safetensors_bytes("[4294967296,4294967296]", 4, 4));
+  CHECK(msg.find("evil.safetensors") != std::string::npos);
+  CHECK(msg.find("'x'") != std::string::npos);
+  CHECK(msg.find("overflow") != std::string::npos);
+}
+
+TEST_CASE("safetensors: a consistent small tensor still loads") {
+  CHECK(error_of(safetensors_bytes("[1,1]", 4, 4)).empty());
+}
+
+TEST_CASE("Tensor element counts that overflow int64 throw instead of wrapping") {
+  CHECK_THROWS_AS(numel_of(Shape{std::int64_t{1} << 32, std::int64_t{1} << 32}), Error);
+  CHECK_THROWS_AS(numel_of(Shape{-1, 4}), Error);
+  CHECK(numel_of(Shape{3, 5, 7}) == 105);
+}
+
+namespace {
+
+void write_idx(const std::string& path, std::vector<std::uint32_t> dims, std::size_t data_bytes) {
+  std::ofstream out(path, std::ios::binary);
+  const char magic[4] = {0, 0, 8, static_cast<char>(dims.size())};
+  out.write(magic, 4);
+  for (std::uint32_t d : dims) {
+    const char be[4] = {static_cast<char>(d >> 24), static_cast<char>(d >> 16), static_cast<char>(d >> 8),
+                        static_cast<char>(d)};
+    out.write(be, 4);
+  }
+  const std::vector<char> zeros(data_bytes, 0);
+  out.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+}
+
+std::string idx_error(std::vector<std::uint32_t> image_dims, std::size_t image_bytes) {
+  const auto dir = std::filesystem::temp_directory_path() / ("relpos_hostile_idx_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string images = (dir / "images-idx3-ubyte").string(), labels = (dir / "labels-idx1-ubyte").string();
+  write_idx(images, image_dims, image_bytes);
+  write_idx(labels, {image_dims[0]}, image_dims[0]);
+  std::string msg;
+  try {
+    IdxDataset d(images, labels, std::vector<std::string>(10, "c"));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  std::filesystem::remove_all(dir);
+  return msg;
+}
+
+}  // namespace
+
+TEST_CASE("IDX: dimensions whose product wraps 64 bits are rejected (issue 10 reproducer)") {
+  const std::string msg = idx_error({8, 1824726041u, 1263665316u}, 32);
+  CHECK(msg.find("images-idx3-ubyte") != std::string::npos);
+  CHECK(msg.find("dimension") != std::string::npos);
+}
+
+TEST_CASE("IDX: images of 0 rows or columns are rejected; a sane file loads") {
+  CHECK(idx_error({2, 0, 5}, 0).find("dimension 1") != std::string::npos);
+  CHECK(idx_error({2, 5, 0}, 0).find("dimension 2") != std::string::npos);
+  CHECK(idx_error({2, 3, 4}, 24).empty());
+}
