@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
+#include "relpos/model.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
 #include "test_util.hpp"
@@ -108,4 +110,18 @@ TEST_CASE("IDX: images of 0 rows or columns are rejected; a sane file loads") {
   CHECK(idx_error({2, 0, 5}, 0).find("dimension 1") != std::string::npos);
   CHECK(idx_error({2, 5, 0}, 0).find("dimension 2") != std::string::npos);
   CHECK(idx_error({2, 3, 4}, 24).empty());
+}
+
+TEST_CASE("weights JSON: a huge declared shape with little data fails before allocating, naming the tensor") {
+  test::TempDir dir;
+  const std::string path = dir.file("m.json");
+  Model::create(test::source_dir() + "/models/tiny_botnet_96x64.json", 7).save_json(path, TensorEncoding::Base64);
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  for (const nlohmann::json& data : {nlohmann::json(""), nlohmann::json::array()}) {
+    j["tensors"]["head.fc.bias"]["shape"] = {1000000000};
+    j["tensors"]["head.fc.bias"]["data"] = data;
+    std::ofstream(path, std::ios::trunc) << j.dump();
+    CHECK_THROWS_WITH_AS(Model::load(path), doctest::Contains("head.fc.bias"), Error);
+  }
 }

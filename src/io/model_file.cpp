@@ -59,7 +59,7 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
   }
   const std::string dtype = t.value("dtype", "float32");
   RELPOS_CHECK(dtype == "float32", "tensor '" << name << "' has dtype '" << dtype << "' (relpos stores float32)");
-  Tensor out(shape);
+  const std::int64_t numel = numel_of(shape);  // throws on overflow; checked against the data BEFORE allocating
   const json& data = t.at("data");
   if (data.is_string()) {
     const std::string enc = t.value("encoding", "base64");
@@ -70,21 +70,25 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
     } catch (const Error& e) {
       RELPOS_FAIL("tensor '" << name << "': " << e.what());
     }
-    RELPOS_CHECK(bytes.size() == out.bytes(), "tensor '" << name << "' holds " << bytes.size() / 4 << " values but shape "
-                                                         << to_string(shape) << " needs " << out.numel());
+    RELPOS_CHECK(bytes.size() % 4 == 0 && static_cast<std::int64_t>(bytes.size() / 4) == numel,
+                 "tensor '" << name << "' holds " << bytes.size() / 4 << " values but shape " << to_string(shape)
+                            << " needs " << numel);
+    Tensor out(shape);
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
   } else {
     RELPOS_CHECK(data.is_array(), "tensor '" << name << "': data must be base64 text or an array of numbers");
-    RELPOS_CHECK(static_cast<std::int64_t>(data.size()) == out.numel(),
+    RELPOS_CHECK(static_cast<std::int64_t>(data.size()) == numel,
                  "tensor '" << name << "' holds " << data.size() << " values but shape " << to_string(shape) << " needs "
-                            << out.numel());
+                            << numel);
+    Tensor out(shape);
     float* p = out.data();
     for (const auto& v : data) {
       RELPOS_CHECK(v.is_number(), "tensor '" << name << "' has a value that is not a number");
       *p++ = static_cast<float>(v.get<double>());
     }
+    return out;
   }
-  return out;
 }
 
 FileContents read_json_weights(const std::string& path) {
