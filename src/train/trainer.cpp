@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/duration_text.hpp"
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
@@ -26,14 +27,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::string hms(double s) {
-  const long t = static_cast<long>(s + 0.5);
-  std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
-  else os << t / 60;
-  os << ":" << std::setw(2) << std::setfill('0') << t % 60;
-  return os.str();
-}
 
 // A one-line progress bar on a terminal; on a pipe, a line every 10% of the epoch.
 class Progress {
@@ -57,7 +50,7 @@ class Progress {
        << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << std::setw(3)
        << static_cast<int>(frac * 100) << "% " << batch << "/" << batches << "  " << std::fixed << std::setprecision(0)
        << img_s << " img/s  loss " << std::setprecision(4) << loss << "  acc " << std::setprecision(2) << 100 * acc
-       << "%  lr " << std::setprecision(4) << lr << "  ETA " << hms(eta_epoch) << " (run " << hms(eta_run) << ")";
+       << "%  lr " << std::setprecision(4) << lr << "  ETA " << detail::duration_text(eta_epoch) << " (run " << detail::duration_text(eta_run) << ")";
     if (tty_) std::cerr << "\r" << os.str() << "\033[K" << std::flush;
     else std::cerr << os.str() << "\n";
   }
@@ -271,7 +264,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       if (test_data)
         os << ", test loss " << std::setprecision(4) << e.test_loss << ", test acc " << std::setprecision(2)
            << 100 * e.test_acc << "%";
-      os << "; " << std::setprecision(0) << e.img_per_s << " img/s, " << hms(e.seconds);
+      os << "; " << std::setprecision(0) << e.img_per_s << " img/s, " << detail::duration_text(e.seconds);
       std::cerr << os.str() << "\n";
     }
     ++prog.epoch;  // done: the checkpoint records where the next epoch starts

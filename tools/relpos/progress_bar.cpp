@@ -1,5 +1,7 @@
 #include "progress_bar.hpp"
 
+#include "core/duration_text.hpp"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,17 +10,6 @@
 #include <sstream>
 
 namespace relpos::cli {
-
-namespace {
-std::string mmss(double s) {
-  const long t = static_cast<long>(s + 0.5);
-  std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
-  else os << t / 60;
-  os << ":" << std::setw(2) << std::setfill('0') << t % 60;
-  return os.str();
-}
-}  // namespace
 
 ProgressBar::ProgressBar(std::string what, bool quiet)
     : what_(std::move(what)), enabled_(!quiet && isatty(STDERR_FILENO) != 0) {}
@@ -36,7 +27,7 @@ void ProgressBar::update(std::size_t done, std::size_t total) {
   std::cerr << "\r" << what_ << " [" << std::string(static_cast<std::size_t>(filled), '#')
             << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << done << "/" << total << "  "
             << std::fixed << std::setprecision(1) << static_cast<double>(done) / elapsed << " img/s  ETA "
-            << mmss(eta) << "\033[K" << std::flush;
+            << detail::duration_text(eta) << "\033[K" << std::flush;
 }
 
 void ProgressBar::finish() {
