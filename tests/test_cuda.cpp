@@ -4,8 +4,11 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <opencv2/core.hpp>
 #include <random>
+#include <thread>
 
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
@@ -74,9 +77,12 @@ TEST_CASE("convolution forward (bias, residual, relu / silu epilogues) and backw
 TEST_CASE("batch norm (inference, training with running statistics, backward), activations, adds") {
   const Tensor x = rnd({4, 6, 5, 3}, 7, 2.0f, Layout::ChannelsLast), gamma = rnd({6}, 8), beta = rnd({6}, 9);
   const Tensor mean = rnd({6}, 10, 0.1f), var = Tensor::full({6}, 1.3f);
+  SUBCASE("inference") {
   for (Act act : {Act::None, Act::ReLU, Act::SiLU})
     same(ops::batchnorm_infer(gpu(x), gpu(gamma), gpu(beta), gpu(mean), gpu(var), 1e-5f, act),
          ops::batchnorm_infer(x, gamma, beta, mean, var, 1e-5f, act), "bn infer " + to_string(act));
+  }
+  SUBCASE("training and backward") {
   Tensor rm_c = mean.clone(), rv_c = var.clone();
   Tensor rm_g = gpu(mean), rv_g = gpu(var);
   ops::BatchStats sc, sg;
@@ -91,11 +97,15 @@ TEST_CASE("batch norm (inference, training with running statistics, backward), a
   same(bg.dx, bc.dx, "bn dx", 5e-5f);
   same(bg.dgamma, bc.dgamma, "bn dgamma", 5e-5f);
   same(bg.dbeta, bc.dbeta, "bn dbeta", 5e-5f);
+  }
+  SUBCASE("activations and adds") {
+  const Tensor dy = rnd(x.shape(), 11, 1.0f, Layout::ChannelsLast);
   for (Act act : {Act::ReLU, Act::SiLU}) {
     same(ops::activation(gpu(x), act), ops::activation(x, act), "act " + to_string(act));
     same(ops::activation_backward(gpu(x), gpu(dy), act), ops::activation_backward(x, dy, act), "act back " + to_string(act));
   }
   same(ops::add(gpu(x), gpu(dy), Act::ReLU), ops::add(x, dy, Act::ReLU), "add+relu");
+  }
 }
 
 TEST_CASE("pooling, global average pooling, linear, matmul, softmax, cross-entropy") {
@@ -239,6 +249,85 @@ TEST_CASE("the model API on the GPU: classify agrees with the CPU; a few trainin
     (step == 0 ? first : last) = ce.loss;
   }
   CHECK(last < first);
+}
+
+TEST_CASE("many threads classifying on one GPU model agree exactly with one thread") {
+  // The model's cached convolution plans are made by whichever thread comes first and then used
+  // by every other thread on its own stream; activations are freed on the thread that made them.
+  Model m = Model::create(test::source_dir() + "/models/tiny_botnet_96x64.json", 5);
+  m.to(GPU);
+  std::vector<cv::Mat> imgs;
+  cv::RNG rng(7);
+  for (int i = 0; i < 6; ++i) {
+    cv::Mat img(80 + 7 * i, 60 + 5 * i, CV_8UC3);
+    rng.fill(img, cv::RNG::UNIFORM, 0, 256);
+    imgs.push_back(img);
+  }
+  std::vector<std::vector<Prediction>> serial;
+  {
+    // A first pass on a thread that then exits: the plans it published and the blocks its pool
+    // owned outlive it.
+    std::thread first([&] {
+      for (const auto& img : imgs) serial.push_back(m.classify(img, 3));
+    });
+    first.join();
+  }
+  std::atomic<int> mismatches{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        for (int rep = 0; rep < 6; ++rep)
+          for (std::size_t i = 0; i < imgs.size(); ++i) {
+            const std::size_t k = (i + static_cast<std::size_t>(t)) % imgs.size();
+            const auto got = m.classify(imgs[k], 3);
+            for (std::size_t j = 0; j < got.size(); ++j)
+              if (got[j].index != serial[k][j].index || got[j].logit != serial[k][j].logit) ++mismatches;
+          }
+      } catch (const std::exception&) {
+        ++failures;
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+  CHECK(mismatches.load() == 0);
+}
+
+TEST_CASE("GPU tensors made on one thread, used and freed on another") {
+  // Blocks cross streams: the freeing thread's queued work must finish before the owner's pool
+  // hands the block out again, and blocks of an exited thread go back to the device.
+  const Tensor a = rnd({64, 96}, 40), b = rnd({96, 48}, 41);
+  const Tensor want = ops::matmul(a, b, false, false);
+  for (int round = 0; round < 20; ++round) {
+    Tensor ga, gb;
+    std::thread maker([&] {
+      ga = gpu(a);
+      gb = gpu(b);
+    });
+    maker.join();  // the owner thread is gone now
+    Tensor out;
+    std::thread user([&] {
+      out = ops::matmul(ga, gb, false, false);
+      ga = Tensor();  // freed while the product may still be queued on this thread's stream
+      out = out.to(Device::CPU);
+    });
+    user.join();
+    gb = Tensor();
+    CHECK(test::max_abs_diff(out, want) <= 1e-4f * std::max(1.0f, test::max_abs(want)));
+  }
+  // Ping-pong: two live threads allocate, hand over and free each other's blocks.
+  std::atomic<int> bad{0};
+  auto worker = [&](std::uint32_t seed) {
+    for (int i = 0; i < 50; ++i) {
+      const Tensor x = rnd({33, 17}, seed + static_cast<std::uint32_t>(i));
+      const Tensor y = ops::add(gpu(x), gpu(x), Act::None).to(Device::CPU);
+      if (test::max_abs_diff(y, ops::add(x, x, Act::None)) != 0.0f) ++bad;
+    }
+  };
+  std::thread t1(worker, 100), t2(worker, 200);
+  t1.join();
+  t2.join();
+  CHECK(bad.load() == 0);
 }
 
 int main(int argc, char** argv) {

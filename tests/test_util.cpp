@@ -89,7 +89,12 @@ TempDir::~TempDir() {
 
 }  // namespace relpos::test
 
+#include <opencv2/core.hpp>
+
+#include "relpos/error.hpp"
+#ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
+#endif
 
 namespace relpos::test {
 
@@ -114,7 +119,11 @@ void make_pattern_dataset(const std::string& root, int per_class_train, int per_
         }
         char name[32];
         std::snprintf(name, sizeof(name), "%03d.png", i);
+#ifndef RELPOS_NO_IMAGE_CODECS
         cv::imwrite((dir / name).string(), img);
+#else
+        RELPOS_FAIL("tests need image files: build with RELPOS_IMAGE_CODECS=ON");
+#endif
       }
     }
   }

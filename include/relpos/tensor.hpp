@@ -22,6 +22,9 @@ enum class Layout : std::uint8_t { Contiguous, ChannelsLast };
 std::string to_string(Device d);
 Device parse_device(const std::string& s);  // "cpu" | "cuda" | "cuda:0"
 bool cuda_available();                      // built with CUDA and a GPU is present
+// Waits until the GPU work this thread has queued is done (no-op without CUDA). Work is queued
+// asynchronously; copying a tensor to the CPU also waits.
+void synchronize();
 
 using Shape = std::vector<std::int64_t>;
 std::string to_string(const Shape& s);  // "[2, 3, 4]"

@@ -17,5 +17,6 @@ void cuda_fill(float* p, std::size_t n, float value);
 void cuda_nchw_to_nhwc(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw);
 void cuda_nhwc_to_nchw(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw);
 bool cuda_runtime_available();
+void cuda_synchronize();  // the calling thread's stream, if it has one
 
 }  // namespace relpos::detail

@@ -23,5 +23,6 @@ void cuda_fill(float*, std::size_t, float) { no_cuda(); }
 void cuda_nchw_to_nhwc(const float*, float*, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
 void cuda_nhwc_to_nchw(const float*, float*, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
 bool cuda_runtime_available() { return false; }
+void cuda_synchronize() {}
 
 }  // namespace relpos::detail

@@ -2,13 +2,18 @@
 #include <atomic>
 #include <initializer_list>
 
+#include "core/op_profile.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "relpos/error.hpp"
 #ifdef RELPOS_WITH_CUDA
 #include "cuda/cuda_ops.hpp"
-#define RELPOS_DISPATCH(t, fn, ...) return (t).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
+#define RELPOS_DISPATCH(t, fn, ...)                          \
+  const detail::OpTimer relpos_op_timer_(#fn, (t).is_cuda()); \
+  return (t).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
 #else
-#define RELPOS_DISPATCH(t, fn, ...) return cpu::fn(__VA_ARGS__)
+#define RELPOS_DISPATCH(t, fn, ...)                   \
+  const detail::OpTimer relpos_op_timer_(#fn, false); \
+  return cpu::fn(__VA_ARGS__)
 #endif
 
 namespace relpos {

@@ -21,6 +21,7 @@ Device parse_device(const std::string& s) {
 }
 
 bool cuda_available() { return detail::cuda_runtime_available(); }
+void synchronize() { detail::cuda_synchronize(); }
 
 std::string to_string(const Shape& s) {
   std::ostringstream os;

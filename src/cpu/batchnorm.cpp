@@ -31,13 +31,24 @@ Tensor batchnorm_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& be
   auto flags = bn_flags::use_global_stats | bn_flags::use_scale | bn_flags::use_shift;
   if (act == Act::ReLU) flags = flags | bn_flags::fuse_norm_relu;
   dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, eps, flags);
-  dnnl::primitive_attr attr = scratch_attr();
-  if (act == Act::SiLU) {
-    dnnl::post_ops po;
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
-    attr.set_post_ops(po);
-  }
-  dnnl::batch_normalization_forward::primitive_desc pd(d, attr, engine());
+  // SiLU rides along as an eltwise post-op where this oneDNN build and CPU offer one (not every
+  // implementation does: seen failing on an Intel AVX-512 machine); otherwise it runs after.
+  bool silu_after = false;
+  const auto make_pd = [&]() {
+    dnnl::primitive_attr attr = scratch_attr();
+    if (act == Act::SiLU) {
+      dnnl::post_ops po;
+      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
+      attr.set_post_ops(po);
+      try {
+        return dnnl::batch_normalization_forward::primitive_desc(d, attr, engine());
+      } catch (const dnnl::error&) {
+        silu_after = true;
+      }
+    }
+    return dnnl::batch_normalization_forward::primitive_desc(d, scratch_attr(), engine());
+  };
+  const dnnl::batch_normalization_forward::primitive_desc pd = make_pd();
   Tensor y(x.shape(), Device::CPU, Layout::ChannelsLast);
   const auto c = x.dim(1);
   execute(dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(),
@@ -47,6 +58,7 @@ Tensor batchnorm_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& be
            {DNNL_ARG_VARIANCE, mem(vec_md(c), var)},
            {DNNL_ARG_SCALE, mem(vec_md(c), gamma)},
            {DNNL_ARG_SHIFT, mem(vec_md(c), beta)}});
+  if (silu_after) return activation(y, Act::SiLU);
   return y;
 }
 

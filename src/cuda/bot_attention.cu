@@ -63,12 +63,19 @@ struct RowArgs {
   bool softmax;
 };
 
+// Rows up to this many keys are held in shared memory while a block works on them (one read
+// and one write of the N x N matrix instead of three of each); longer rows stream through global
+// memory.
+constexpr int kMaxSharedRow = 8192;
+
 // One block per (query row i, image*head): L[i, j] += qh[i, ry] + qw[i, rx]; then softmax.
+template <bool kShared>
 __global__ void expand_softmax_kernel(float* L, const float* qh, const float* qw, RowArgs a) {
-  extern __shared__ float sh[];  // Th + Tw table entries, then 32 for reductions
+  extern __shared__ float sh[];  // Th + Tw table entries, 32 for reductions, then the row (kShared)
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
-  float* row = L + (static_cast<std::size_t>(bh) * a.N + i) * a.N;
+  float* grow = L + (static_cast<std::size_t>(bh) * a.N + i) * a.N;
   float* red = sh + a.Th + a.Tw;
+  float* row = kShared ? red + 32 : grow;
   if (a.rel) {
     const std::size_t q = static_cast<std::size_t>(h) * a.B * a.N + static_cast<std::size_t>(b) * a.N + i;
     for (int t = threadIdx.x; t < a.Th; t += blockDim.x) sh[t] = qh[q * a.Th + t];
@@ -78,13 +85,17 @@ __global__ void expand_softmax_kernel(float* L, const float* qh, const float* qw
   const int yi = i / a.W, xi = i % a.W;
   float m = -FLT_MAX;
   for (int j = threadIdx.x; j < a.N; j += blockDim.x) {
-    float v = row[j];
+    float v = grow[j];
     if (a.rel) v += sh[clampi(j / a.W - yi, -a.kh, a.kh) + a.kh] + sh[a.Th + clampi(j % a.W - xi, -a.kw, a.kw) + a.kw];
     row[j] = v;
     m = fmaxf(m, v);
   }
-  if (!a.softmax) return;
-  m = block_reduce<true>(m, red);
+  if (!a.softmax) {
+    if (kShared)
+      for (int j = threadIdx.x; j < a.N; j += blockDim.x) grow[j] = row[j];
+    return;
+  }
+  m = block_reduce<true>(m, red);  // its barriers also order the row's shared writes
   float s = 0.0f;
   for (int j = threadIdx.x; j < a.N; j += blockDim.x) {
     const float e = expf(row[j] - m);
@@ -93,18 +104,22 @@ __global__ void expand_softmax_kernel(float* L, const float* qh, const float* qw
   }
   s = block_reduce<false>(s, red);
   const float inv = 1.0f / s;
-  for (int j = threadIdx.x; j < a.N; j += blockDim.x) row[j] *= inv;
+  for (int j = threadIdx.x; j < a.N; j += blockDim.x) grow[j] = row[j] * inv;
 }
 
 // One block per (query row i, image*head): dL = P (dP - <P, dP>) in place of dP; with relative
 // positions also dqh[i, :] and dqw[i, :] (times alpha) from the row's sums over key rows/columns.
+// kShared: the row of dL is kept in shared memory and summed per key row (a warp per row) and per
+// key column (a thread per column) without atomics; otherwise shared-memory atomics.
+template <bool kShared>
 __global__ void softmax_back_reduce_kernel(const float* P, float* dL, float* dqh, float* dqw, RowArgs a, float alpha) {
-  extern __shared__ float sh[];  // H row sums, W column sums, Th, Tw, 32 for reductions
+  extern __shared__ float sh[];  // H row sums, W column sums, Th, Tw, 32 for reductions, row (kShared)
   float* rows = sh;
   float* cols = rows + a.H;
   float* th = cols + a.W;
   float* tw = th + a.Th;
   float* red = tw + a.Tw;
+  float* vals = red + 32;
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
   const std::size_t off = (static_cast<std::size_t>(bh) * a.N + i) * a.N;
   const float* p = P + off;
@@ -112,27 +127,56 @@ __global__ void softmax_back_reduce_kernel(const float* P, float* dL, float* dqh
   float dot = 0.0f;
   for (int j = threadIdx.x; j < a.N; j += blockDim.x) dot += p[j] * d[j];
   dot = block_reduce<false>(dot, red);
-  if (a.rel) {
-    for (int t = threadIdx.x; t < a.H + a.W + a.Th + a.Tw; t += blockDim.x) sh[t] = 0.0f;
+  if (a.rel && !kShared) {
+    for (int t = threadIdx.x; t < a.H + a.W; t += blockDim.x) sh[t] = 0.0f;
     __syncthreads();
   }
   for (int j = threadIdx.x; j < a.N; j += blockDim.x) {
     const float v = p[j] * (d[j] - dot);
     d[j] = v;
     if (a.rel) {
-      atomicAdd(&rows[j / a.W], v);
-      atomicAdd(&cols[j % a.W], v);
+      if (kShared) {
+        vals[j] = v;
+      } else {
+        atomicAdd(&rows[j / a.W], v);
+        atomicAdd(&cols[j % a.W], v);
+      }
     }
   }
   if (!a.rel) return;
   __syncthreads();
+  if (kShared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int y = warp; y < a.H; y += warps) {
+      float sum = 0.0f;
+      for (int x = lane; x < a.W; x += 32) sum += vals[y * a.W + x];
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) rows[y] = sum;
+    }
+    for (int x = threadIdx.x; x < a.W; x += blockDim.x) {
+      float sum = 0.0f;
+      for (int y = 0; y < a.H; ++y) sum += vals[y * a.W + x];
+      cols[x] = sum;
+    }
+    __syncthreads();
+  }
+  // Table entry t collects the key rows at offset t - kh from the query's row (clipped offsets
+  // pile onto the end entries); likewise for columns.
   const int yi = i / a.W, xi = i % a.W;
-  for (int y = threadIdx.x; y < a.H; y += blockDim.x) atomicAdd(&th[clampi(y - yi, -a.kh, a.kh) + a.kh], rows[y]);
-  for (int x = threadIdx.x; x < a.W; x += blockDim.x) atomicAdd(&tw[clampi(x - xi, -a.kw, a.kw) + a.kw], cols[x]);
-  __syncthreads();
   const std::size_t q = static_cast<std::size_t>(h) * a.B * a.N + static_cast<std::size_t>(b) * a.N + i;
-  for (int t = threadIdx.x; t < a.Th; t += blockDim.x) dqh[q * a.Th + t] = alpha * th[t];
-  for (int t = threadIdx.x; t < a.Tw; t += blockDim.x) dqw[q * a.Tw + t] = alpha * tw[t];
+  for (int t = threadIdx.x; t < a.Th + a.Tw; t += blockDim.x) {
+    const bool is_h = t < a.Th;
+    const int e = is_h ? t : t - a.Th, k = is_h ? a.kh : a.kw, n = is_h ? a.H : a.W, at = is_h ? yi : xi;
+    const float* sums = is_h ? rows : cols;
+    // offsets o = pos - at with clamp(o, -k, k) == e - k
+    int lo = e - k + at, hi = lo;
+    if (e == 0) lo = 0;
+    if (e == 2 * k) hi = n - 1;
+    float acc = 0.0f;
+    for (int pos = max(lo, 0); pos <= min(hi, n - 1); ++pos) acc += sums[pos];
+    if (is_h) dqh[q * a.Th + e] = alpha * acc;
+    else dqw[q * a.Tw + e] = alpha * acc;
+  }
 }
 
 // K' = s K + a P for absolute positions: kp (B, heads, N, d).
@@ -171,6 +215,21 @@ __global__ void absolute_back_kernel(const float* dkp, float* dqkv, float* dpos,
 }
 
 int row_threads(std::int64_t n) { return n >= 1024 ? 256 : n >= 256 ? 128 : 64; }
+
+void launch_expand_softmax(float* L, const float* qh, const float* qw, const RowArgs& ra, unsigned images_heads) {
+  const bool in_shared = ra.N <= kMaxSharedRow;
+  const std::size_t shm =
+      (static_cast<std::size_t>(ra.rel ? ra.Th + ra.Tw : 0) + 32 + (in_shared ? ra.N : 0)) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(ra.N), images_heads);
+  if (in_shared) {
+    RELPOS_CUDA_CHECK(
+        cudaFuncSetAttribute(expand_softmax_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
+    expand_softmax_kernel<true><<<grid, row_threads(ra.N), shm, stream()>>>(L, qh, qw, ra);
+  } else {
+    expand_softmax_kernel<false><<<grid, row_threads(ra.N), shm, stream()>>>(L, qh, qw, ra);
+  }
+  RELPOS_CUDA_LAUNCHED();
+}
 
 }  // namespace
 
@@ -213,10 +272,7 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
   }
   const RowArgs ra{static_cast<int>(N), static_cast<int>(g.H), static_cast<int>(g.W), static_cast<int>(H),
                    static_cast<int>(g.B), static_cast<int>(g.Th), static_cast<int>(g.Tw), g.kh, g.kw, rel, true};
-  const std::size_t shm = (static_cast<std::size_t>(rel ? g.Th + g.Tw : 0) + 32) * sizeof(float);
-  expand_softmax_kernel<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(g.B * H)), row_threads(N), shm, stream()>>>(
-      L.data(), rel ? qh.data() : nullptr, rel ? qw.data() : nullptr, ra);
-  RELPOS_CUDA_LAUNCHED();
+  launch_expand_softmax(L.data(), rel ? qh.data() : nullptr, rel ? qw.data() : nullptr, ra, static_cast<unsigned>(g.B * H));
   for (int h = 0; h < spec.heads; ++h)
     gemm_batched(false, false, N, spec.dv, N, 1.0f, L.data() + h * N * N, N, H * N * N, g.v_ptr(qkv.data(), 0, h), g.Ct,
                  N * g.Ct, 0.0f, out.data() + h * spec.dv, g.Co, N * g.Co, g.B);
@@ -252,11 +308,22 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
   }
   const RowArgs ra{static_cast<int>(N), static_cast<int>(g.H), static_cast<int>(g.W), static_cast<int>(H),
                    static_cast<int>(g.B), static_cast<int>(g.Th), static_cast<int>(g.Tw), g.kh, g.kw, rel, true};
-  const std::size_t shm = (static_cast<std::size_t>(rel ? g.H + g.W + g.Th + g.Tw : 0) + 32) * sizeof(float);
-  softmax_back_reduce_kernel<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(g.B * H)), row_threads(N), shm,
-                               stream()>>>(probs.data(), dL.data(), rel ? dqh.data() : nullptr,
-                                           rel ? dqw.data() : nullptr, ra, g.alpha_pos);
-  RELPOS_CUDA_LAUNCHED();
+  {
+    const bool in_shared = rel && N <= kMaxSharedRow;
+    const std::size_t shm =
+        (static_cast<std::size_t>(rel ? g.H + g.W + g.Th + g.Tw : 0) + 32 + (in_shared ? N : 0)) * sizeof(float);
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(g.B * H));
+    if (in_shared) {
+      RELPOS_CUDA_CHECK(cudaFuncSetAttribute(softmax_back_reduce_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shm)));
+      softmax_back_reduce_kernel<true><<<grid, row_threads(N), shm, stream()>>>(
+          probs.data(), dL.data(), dqh.data(), dqw.data(), ra, g.alpha_pos);
+    } else {
+      softmax_back_reduce_kernel<false><<<grid, row_threads(N), shm, stream()>>>(
+          probs.data(), dL.data(), rel ? dqh.data() : nullptr, rel ? dqw.data() : nullptr, ra, g.alpha_pos);
+    }
+    RELPOS_CUDA_LAUNCHED();
+  }
   if (absolute) {
     Tensor kp({g.B, H, N, d}, Device::CUDA), dkp({g.B, H, N, d}, Device::CUDA);
     kprime_kernel<<<std::min<unsigned>(blocks_for(kp.numel()), 8192), 256, 0, stream()>>>(
@@ -311,10 +378,7 @@ Tensor rel_pos_logits(const Tensor& q_in, const Tensor& table_h, const Tensor& t
   // heads = 1 and B = bh: the kernel's (head, image) indexing of qh reduces to image-major rows
   const RowArgs ra{static_cast<int>(N), height, width, 1, static_cast<int>(bh), static_cast<int>(th), static_cast<int>(tw),
                    kh, kw, true, false};
-  expand_softmax_kernel<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(bh)), row_threads(N),
-                          (static_cast<std::size_t>(th + tw) + 32) * sizeof(float), stream()>>>(out.data(), qh.data(),
-                                                                                                qw.data(), ra);
-  RELPOS_CUDA_LAUNCHED();
+  launch_expand_softmax(out.data(), qh.data(), qw.data(), ra, static_cast<unsigned>(bh));
   return out;
 }
 

@@ -1,7 +1,9 @@
 // Convolution on the GPU through cuDNN. Activations are NHWC; weights are kept (transposed
 // once per plan) in cuDNN's NHWC filter layout (KRSC). With a ReLU epilogue, bias, residual add
 // and activation run fused in cudnnConvolutionBiasActivationForward.
+#include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <vector>
 
 #include "core/device_memory.hpp"
@@ -89,6 +91,37 @@ const Perf& pick(const std::vector<Perf>& perfs, int returned, const char* what)
   RELPOS_FAIL("cuDNN found no " << what << " algorithm for this convolution");
 }
 
+// cuDNN's algorithm heuristics cost about a millisecond a query, and training convolves with new
+// weights every step (no per-layer plan can be kept): the choices are kept per geometry.
+std::string geometry_key(const Geometry& g) {
+  std::ostringstream os;
+  os << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ',' << g.o << ',' << g.kh << ',' << g.kw << ',' << g.stride << ','
+     << g.pad << ',' << g.groups << ',' << tf32();
+  return os.str();
+}
+
+template <typename Algo>
+struct AlgoChoice {
+  Algo algo{};
+  std::size_t ws = 0;
+};
+
+template <typename Algo, typename Query>
+AlgoChoice<Algo> choose(const Geometry& g, Query&& query) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, AlgoChoice<Algo>> chosen;
+  const std::string key = geometry_key(g);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = chosen.find(key);
+    if (it != chosen.end()) return it->second;
+  }
+  const AlgoChoice<Algo> c = query();
+  std::lock_guard<std::mutex> lock(mutex);
+  chosen.emplace(key, c);
+  return c;
+}
+
 struct Plan {
   explicit Plan(const Geometry& g) : d(g) {}
   Descs d;
@@ -100,14 +133,19 @@ struct Plan {
 std::shared_ptr<Plan> make_plan(const Geometry& g, const Tensor& w, const Tensor* bias, bool fused_relu) {
   auto plan = std::make_shared<Plan>(g);
   cudnnHandle_t h = context().cudnn;
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-  int returned = 0;
-  RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
-                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perfs.data()));
-  const auto& best = pick(perfs, returned, "forward");
-  plan->algo = best.algo;
-  RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
-                                                             plan->algo, &plan->ws));
+  const auto choice = choose<cudnnConvolutionFwdAlgo_t>(g, [&] {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    int returned = 0;
+    RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perfs.data()));
+    AlgoChoice<cudnnConvolutionFwdAlgo_t> c;
+    c.algo = pick(perfs, returned, "forward").algo;
+    RELPOS_CUDNN_CHECK(
+        cudnnGetConvolutionForwardWorkspaceSize(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y, c.algo, &c.ws));
+    return c;
+  });
+  plan->algo = choice.algo;
+  plan->ws = choice.ws;
   plan->w_krsc = to_krsc(w);
   if (bias) plan->bias = bias->clone();
   else if (fused_relu) plan->bias = Tensor::zeros({g.o}, Device::CUDA);  // the fused call needs one
@@ -115,10 +153,8 @@ std::shared_ptr<Plan> make_plan(const Geometry& g, const Tensor& w, const Tensor
 }
 
 std::string key_of(const Geometry& g, const ops::Epilogue& ep, bool bias) {
-  std::ostringstream os;
-  os << "cudnn-conv:" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << g.stride << ',' << g.pad << ','
-     << g.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act) << bias << tf32();
-  return os.str();
+  return "cudnn-conv:" + geometry_key(g) + ':' + std::to_string(ep.residual != nullptr) +
+         std::to_string(static_cast<int>(ep.act)) + std::to_string(bias);
 }
 
 }  // namespace
@@ -134,7 +170,11 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   if (cache) plan = std::static_pointer_cast<Plan>(cache->find(key));
   if (!plan) {
     plan = make_plan(g, w, bias, fused_relu);
-    if (cache) cache->put(key, plan);
+    // Other threads use a cached plan on their own streams: its weights must be written first.
+    if (cache) {
+      RELPOS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+      cache->put(key, plan);
+    }
   }
   Tensor y({g.n, g.o, g.oh, g.ow}, Device::CUDA, Layout::ChannelsLast);
   const float one = 1.0f, zero = 0.0f;
@@ -176,14 +216,19 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   const float one = 1.0f, zero = 0.0f;
   ops::ConvGrads grads;
   {
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    int returned = 0;
-    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
-                                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
-                                                                     perfs.data()));
-    const auto algo = pick(perfs, returned, "backward-filter").algo;
-    std::size_t ws = 0;
-    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &ws));
+    const auto choice = choose<cudnnConvolutionBwdFilterAlgo_t>(g, [&] {
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+      int returned = 0;
+      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
+                                                                       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
+                                                                       perfs.data()));
+      AlgoChoice<cudnnConvolutionBwdFilterAlgo_t> c;
+      c.algo = pick(perfs, returned, "backward-filter").algo;
+      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, c.algo, &c.ws));
+      return c;
+    });
+    const auto algo = choice.algo;
+    const std::size_t ws = choice.ws;
     Tensor dw_krsc(w.shape(), Device::CUDA);
     RELPOS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.data(), d.y, dy.data(), d.conv, algo,
                                                       ws ? workspace(ws) : nullptr, ws, &zero, d.w, dw_krsc.data()));
@@ -191,14 +236,19 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   }
   if (need_dx) {
     const Tensor w_krsc = to_krsc(w);
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-    int returned = 0;
-    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
-                                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
-                                                                   perfs.data()));
-    const auto algo = pick(perfs, returned, "backward-data").algo;
-    std::size_t ws = 0;
-    RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &ws));
+    const auto choice = choose<cudnnConvolutionBwdDataAlgo_t>(g, [&] {
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+      int returned = 0;
+      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
+                                                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
+                                                                     perfs.data()));
+      AlgoChoice<cudnnConvolutionBwdDataAlgo_t> c;
+      c.algo = pick(perfs, returned, "backward-data").algo;
+      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, c.algo, &c.ws));
+      return c;
+    });
+    const auto algo = choice.algo;
+    const std::size_t ws = choice.ws;
     grads.dx = Tensor(x.shape(), Device::CUDA, Layout::ChannelsLast);
     RELPOS_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w_krsc.data(), d.y, dy.data(), d.conv, algo,
                                                     ws ? workspace(ws) : nullptr, ws, &zero, d.x, grads.dx.data()));

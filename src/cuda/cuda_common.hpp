@@ -1,8 +1,12 @@
 // Internal: CUDA backend plumbing. Each host thread that runs relpos ops gets its own stream,
 // cuBLAS handle and cuDNN handle (cuBLAS and cuDNN handles must not be shared between threads),
 // so that concurrent calls on one loaded model are safe. Device memory comes from a caching
-// allocator with one pool per stream (a freed block is only handed out again on the stream that
-// used it, so stream order keeps it safe without synchronising).
+// allocator with one pool per stream: a block is handed out again only on the stream that owns it,
+// so stream order keeps reuse safe. A block freed by another thread first makes the owner's stream
+// wait (an event) for the freeing thread's stream; a block whose owning thread has exited is
+// returned to the device after the freeing thread's stream drains. Data one thread's stream
+// writes and other threads then read (a cached convolution plan) is published only after that
+// stream is synchronised.
 #pragma once
 
 #include <cublas_v2.h>
@@ -35,6 +39,7 @@
 namespace relpos::cuda {
 
 struct Context {
+  std::uint64_t id = 0;  // unique for the process's lifetime (stream handles can be reused)
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
@@ -43,6 +48,8 @@ struct Context {
 };
 // The calling thread's context (created on first use).
 Context& context();
+// The calling thread's context if it has made one, else nullptr (it then has no work queued).
+Context* current_context();
 inline cudaStream_t stream() { return context().stream; }
 
 // A scratch buffer on the calling thread's stream (grows, never shrinks).

@@ -1,4 +1,5 @@
 // Device memory for the CUDA build: per-stream caching pools, copies and layout changes.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,9 +14,20 @@
 
 namespace relpos {
 
+namespace detail {
+namespace {
+void retire_stream(std::uint64_t id);
+}  // namespace
+}  // namespace detail
+
 namespace cuda {
 
-Context::Context() {
+namespace {
+std::atomic<std::uint64_t> next_context_id{1};
+thread_local Context* this_thread_context = nullptr;
+}  // namespace
+
+Context::Context() : id(next_context_id++) {
   RELPOS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   RELPOS_CUBLAS_CHECK(cublasCreate(&cublas));
   RELPOS_CUBLAS_CHECK(cublasSetStream(cublas, stream));
@@ -26,6 +38,8 @@ Context::Context() {
 Context::~Context() {
   // Errors are ignored here: at process exit the runtime may already be gone.
   if (stream) cudaStreamSynchronize(stream);
+  this_thread_context = nullptr;
+  detail::retire_stream(id);  // blocks it still owns go back to the device when freed
   if (cudnn) cudnnDestroy(cudnn);
   if (cublas) cublasDestroy(cublas);
   if (stream) cudaStreamDestroy(stream);
@@ -33,8 +47,11 @@ Context::~Context() {
 
 Context& context() {
   thread_local Context ctx;
+  this_thread_context = &ctx;
   return ctx;
 }
+
+Context* current_context() { return this_thread_context; }
 
 namespace {
 struct Workspace {
@@ -70,36 +87,80 @@ namespace detail {
 
 namespace {
 
+// One caching pool per thread context (stream). Blocks remember their owner; see cuda_common.hpp
+// for the cross-thread rules.
 class StreamPools {
  public:
   void* allocate(std::size_t bytes) {
-    cudaStream_t s = cuda::stream();
-    void* p = pool(s).allocate(bytes);
+    const cuda::Context& ctx = cuda::context();
+    CachingAllocator& a = pool(ctx.id);
+    void* p = a.allocate(bytes);
     RELPOS_CHECK(p != nullptr, "out of GPU memory allocating " << bytes << " bytes");
     std::lock_guard<std::mutex> lock(mutex_);
-    owner_[p] = s;
+    owner_[p] = Owner{ctx.id, ctx.stream};
     return p;
   }
+
   void release(void* p, std::size_t bytes) {
-    cudaStream_t s;
+    cuda::Context* freeing = cuda::current_context();
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto it = owner_.find(p);
+    if (it == owner_.end()) return;
+    const Owner owner = it->second;
+    owner_.erase(it);
+    auto pit = pools_.find(owner.id);
+    if (pit == pools_.end()) {
+      // The owning thread has exited (its stream was drained then): only the freeing thread's
+      // queued work can still touch the block.
+      lock.unlock();
+      if (freeing) cudaStreamSynchronize(freeing->stream);
+      cudaFree(p);
+      return;
+    }
+    const std::shared_ptr<CachingAllocator> a = pit->second;
+    if (freeing && freeing->id != owner.id) {
+      // Work the freeing thread queued may still read the block: the owner's stream, which hands
+      // it out next, waits for that work first. The lock keeps the owner from retiring (and
+      // destroying its stream) meanwhile.
+      cudaEvent_t done;
+      if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
+        cudaEventRecord(done, freeing->stream);
+        cudaStreamWaitEvent(owner.stream, done, 0);
+        cudaEventDestroy(done);  // its resources go once it has completed
+      } else {
+        cudaStreamSynchronize(freeing->stream);
+      }
+    }
+    lock.unlock();
+    a->release(p, bytes);
+  }
+
+  // The thread owning this pool exits (its stream already synchronised): idle blocks go back to
+  // the device; blocks still in use are freed directly when released.
+  void retire(std::uint64_t id) {
+    std::shared_ptr<CachingAllocator> a;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = owner_.find(p);
-      if (it == owner_.end()) return;
-      s = it->second;
-      owner_.erase(it);
+      auto it = pools_.find(id);
+      if (it == pools_.end()) return;
+      a = std::move(it->second);
+      pools_.erase(it);
     }
-    pool(s).release(p, bytes);
+    a->empty_cache();  // a release racing with this one may still add a block: freed with `a`
   }
 
  private:
-  CachingAllocator& pool(cudaStream_t s) {
+  struct Owner {
+    std::uint64_t id = 0;
+    cudaStream_t stream = nullptr;
+  };
+  CachingAllocator& pool(std::uint64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& a = pools_[s];
+    auto& a = pools_[id];
     if (!a) {
       const char* env = std::getenv("RELPOS_CUDA_CACHE_MB");
       const std::size_t cap = static_cast<std::size_t>(env ? std::atol(env) : 32768) << 20;
-      a = std::make_unique<CachingAllocator>(
+      a = std::make_shared<CachingAllocator>(
           [](std::size_t n) -> void* {
             void* q = nullptr;
             return cudaMalloc(&q, n) == cudaSuccess ? q : nullptr;
@@ -109,14 +170,16 @@ class StreamPools {
     return *a;
   }
   std::mutex mutex_;
-  std::map<cudaStream_t, std::unique_ptr<CachingAllocator>> pools_;
-  std::unordered_map<void*, cudaStream_t> owner_;
+  std::map<std::uint64_t, std::shared_ptr<CachingAllocator>> pools_;
+  std::unordered_map<void*, Owner> owner_;
 };
 
 StreamPools& pools() {
   static StreamPools* p = new StreamPools();  // never destroyed: outlives thread-local streams
   return *p;
 }
+
+void retire_stream(std::uint64_t id) { pools().retire(id); }
 
 __global__ void fill_kernel(float* p, std::size_t n, float v) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -182,6 +245,10 @@ void cuda_nchw_to_nhwc(const float* src, float* dst, std::int64_t n, std::int64_
 }
 void cuda_nhwc_to_nchw(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
   permute<false>(src, dst, n, c, hw);
+}
+
+void cuda_synchronize() {
+  if (cuda::Context* c = cuda::current_context()) RELPOS_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
 bool cuda_runtime_available() {

@@ -8,23 +8,6 @@ namespace relpos::cuda {
 
 namespace {
 
-__device__ __forceinline__ float act_fwd(float x, int act) {
-  if (act == 1) return x > 0.0f ? x : 0.0f;
-  if (act == 2) return x / (1.0f + __expf(-x));
-  return x;
-}
-
-__device__ __forceinline__ float act_grad(float x, int act) {
-  if (act == 1) return x > 0.0f ? 1.0f : 0.0f;
-  if (act == 2) {
-    const float s = 1.0f / (1.0f + __expf(-x));
-    return s * (1.0f + x * (1.0f - s));
-  }
-  return 1.0f;
-}
-
-int code(Act a) { return a == Act::ReLU ? 1 : a == Act::SiLU ? 2 : 0; }
-
 #define RELPOS_GRID_LOOP(i, n) \
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 

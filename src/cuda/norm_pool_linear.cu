@@ -1,4 +1,4 @@
-// Batch norm and pooling (cuDNN), global average pooling (our kernels), linear layers and
+// Pooling (cuDNN), global average pooling (our kernels), linear layers and
 // matrix products (cuBLAS), softmax and cross-entropy (on the host: they act on small logits).
 #include <vector>
 
@@ -25,86 +25,11 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
-struct BnDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  explicit BnDesc(const TensorDesc& x) {
-    RELPOS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    RELPOS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(d, x.d, CUDNN_BATCHNORM_SPATIAL));
-  }
-  ~BnDesc() { cudnnDestroyTensorDescriptor(d); }
-  BnDesc(const BnDesc&) = delete;
-  BnDesc& operator=(const BnDesc&) = delete;
-};
-
 void check4(const Tensor& x, const char* what) {
   require_cuda(x, what);
   RELPOS_CHECK(x.ndim() == 4, what << ": input must be (N, C, H, W), got " << x.describe());
 }
 
-}  // namespace
-
-Tensor batchnorm_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
-                       const Tensor& var, float eps, Act act) {
-  check4(x_in, "batch norm");
-  const Tensor x = x_in.channels_last();
-  TensorDesc xd(x);
-  BnDesc bd(xd);
-  Tensor y(x.shape(), Device::CUDA, Layout::ChannelsLast);
-  const float one = 1.0f, zero = 0.0f;
-  RELPOS_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(context().cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d,
-                                                             x.data(), xd.d, y.data(), bd.d, gamma.data(), beta.data(),
-                                                             mean.data(), var.data(), eps));
-  apply_activation_inplace(y, act);
-  return y;
-}
-
-Tensor batchnorm_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Act act, ops::BatchStats& stats) {
-  check4(x_in, "batch norm");
-  const Tensor x = x_in.channels_last();
-  RELPOS_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, "batch norm in training needs more than one value per channel");
-  TensorDesc xd(x);
-  BnDesc bd(xd);
-  Tensor y(x.shape(), Device::CUDA, Layout::ChannelsLast);
-  stats.mean = Tensor({x.dim(1)}, Device::CUDA);
-  stats.inv_std = Tensor({x.dim(1)}, Device::CUDA);
-  stats.var = Tensor();
-  stats.eps = eps;
-  stats.act = act;
-  const float one = 1.0f, zero = 0.0f;
-  // cuDNN updates the running variance with the unbiased batch variance, as PyTorch does.
-  RELPOS_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      context().cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.data(), xd.d, y.data(), bd.d, gamma.data(),
-      beta.data(), momentum, running_mean.data(), running_var.data(), eps, stats.mean.data(), stats.inv_std.data()));
-  if (act == Act::None) {
-    stats.aux = Tensor();
-    return y;
-  }
-  stats.aux = y;  // the pre-activation output, for the activation's backward
-  return activation(y, act);
-}
-
-ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma, const ops::BatchStats& stats,
-                                       const Tensor& dy_in) {
-  check4(x_in, "batch norm backward");
-  RELPOS_CHECK(stats.inv_std.defined() && stats.inv_std.is_cuda(), "batch norm backward: statistics are not from the GPU");
-  const Tensor x = x_in.channels_last();
-  const Tensor dy = (stats.act == Act::None ? dy_in : activation_backward(stats.aux, dy_in, stats.act)).channels_last();
-  TensorDesc xd(x);
-  BnDesc bd(xd);
-  ops::BatchNormGrads g;
-  g.dx = Tensor(x.shape(), Device::CUDA, Layout::ChannelsLast);
-  g.dgamma = Tensor({x.dim(1)}, Device::CUDA);
-  g.dbeta = Tensor({x.dim(1)}, Device::CUDA);
-  const float one = 1.0f, zero = 0.0f;
-  RELPOS_CUDNN_CHECK(cudnnBatchNormalizationBackward(context().cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
-                                                     xd.d, x.data(), xd.d, dy.data(), xd.d, g.dx.data(), bd.d,
-                                                     gamma.data(), g.dgamma.data(), g.dbeta.data(), stats.eps,
-                                                     stats.mean.data(), stats.inv_std.data()));
-  return g;
-}
-
-namespace {
 struct PoolDesc {
   cudnnPoolingDescriptor_t d = nullptr;
   explicit PoolDesc(const ops::PoolSpec& s) {

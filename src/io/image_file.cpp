@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
+#ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
+#endif
 
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
@@ -66,9 +68,16 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name) {
   const std::string& data = png.empty() ? bytes : png;
   RELPOS_CHECK(data.size() < 0x7fffffffu, name << ": " << data.size() << " bytes is too large an image file");
   cv::Mat img;
+#ifdef RELPOS_NO_IMAGE_CODECS
+  RELPOS_FAIL(name << ": this relpos was built without image-file decoding (RELPOS_IMAGE_CODECS=OFF)");
+#endif
   try {
     const cv::Mat buf(1, static_cast<int>(data.size()), CV_8UC1, const_cast<char*>(data.data()));
+#ifndef RELPOS_NO_IMAGE_CODECS
     img = cv::imdecode(buf, cv::IMREAD_UNCHANGED);
+#else
+    (void)buf;
+#endif
   } catch (const cv::Exception& e) {
     RELPOS_FAIL(name << ": OpenCV could not decode it (" << e.err << ")");
   }

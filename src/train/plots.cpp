@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
+#endif
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
@@ -74,7 +76,12 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
 void write_png(const cv::Mat& img, const std::string& path) {
   bool ok = false;
   try {
+#ifndef RELPOS_NO_IMAGE_CODECS
     ok = cv::imwrite(path, img);
+#else
+    (void)img;
+    RELPOS_FAIL("cannot write " << path << ": this relpos was built without image files (RELPOS_IMAGE_CODECS=OFF)");
+#endif
   } catch (const cv::Exception& e) {
     RELPOS_FAIL("cannot write " << path << ": " << e.what());
   }

@@ -272,7 +272,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     prog.loss_sum = prog.correct = prog.seen = prog.seconds = 0.0;
     save();
     write_csv((fs::path(opts.out) / "log.csv").string(), prog.history);
-    plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
+    try {  // a picture is not worth failing a run for
+      plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
+    } catch (const Error& e) {
+      std::cerr << "warning: learning curves not drawn: " << e.what() << "\n";
+    }
   }
   model.save_json((fs::path(opts.out) / "model.json").string());
   result.history = prog.history;

@@ -25,7 +25,7 @@ struct BenchArgs {
   int iters = 10;
   double min_seconds = 0.0;
   std::string input, save_logits;
-  bool json = false, train = false, tf32 = false;
+  bool json = false, train = false, tf32 = false, backward = false;
   std::vector<int> attention;  // h w: time the attention op alone
   int dim = 64, heads = 4;
 };
@@ -82,9 +82,23 @@ void run_attention(const BenchArgs& a) {
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
   const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
   const Tensor rh = random_tensor({2 * h - 1, a.dim}, 2).to(dev), rw = random_tensor({2 * w - 1, a.dim}, 3).to(dev);
-  const auto ms = time_runs(a, [&] { ops::bot_attention(qkv, rh, rw, spec).to(Device::CPU); });
-  report(a, "bot_attention " + std::to_string(h) + "x" + std::to_string(w) + " d" + std::to_string(a.dim) + " heads" +
-                std::to_string(a.heads),
+  std::vector<double> ms;
+  if (a.backward) {
+    const Tensor dout = random_tensor({a.batch, a.heads * a.dim, h, w}, 4).channels_last().to(dev);
+    ms = time_runs(a, [&] {
+      Tensor probs;
+      const Tensor out = ops::bot_attention(qkv, rh, rw, spec, &probs);
+      const auto g = ops::bot_attention_backward(qkv, rh, rw, spec, probs, dout);
+      synchronize();
+    });
+  } else {
+    ms = time_runs(a, [&] {
+      const Tensor out = ops::bot_attention(qkv, rh, rw, spec);
+      synchronize();
+    });
+  }
+  report(a, std::string("bot_attention") + (a.backward ? " fwd+bwd " : " ") + std::to_string(h) + "x" +
+                std::to_string(w) + " d" + std::to_string(a.dim) + " heads" + std::to_string(a.heads),
          a.batch, to_string(dev), ms);
 }
 
@@ -110,10 +124,13 @@ void run(const BenchArgs& a) {
       const auto ce = ops::cross_entropy(logits, labels);
       model.network().backward(ce.dlogits);
       opt.step(0.01f);
-      model.network().params().front().value->to(Device::CPU);  // waits for the device
+      synchronize();
     });
   } else {
-    ms = time_runs(a, [&] { logits = model.logits(x); });  // host logits: device work is done
+    ms = time_runs(a, [&] {
+      logits = model.logits(x);
+      synchronize();
+    });
   }
   if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
   report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms);
@@ -132,6 +149,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--save-logits", args->save_logits, "Write the logits as safetensors ('logits')");
   sub->add_flag("--train", args->train, "Time a training step (forward, backward, SGD) instead of inference");
   sub->add_flag("--tf32", args->tf32, "Let the GPU use TF32 tensor cores for float32 (no effect on the CPU)");
+  sub->add_flag("--backward", args->backward, "Attention: time forward and backward");
   sub->add_option("--attention", args->attention, "Time the attention op alone on an H W map")->expected(2);
   sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();

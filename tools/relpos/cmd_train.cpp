@@ -72,7 +72,9 @@ void run(TrainArgs a) {
     const EpochLog& last = r.history.back();
     std::cerr << std::fixed << std::setprecision(2) << "relpos: done in " << r.seconds / 60.0 << " min";
     if (last.test_acc >= 0) std::cerr << "; test accuracy " << 100 * last.test_acc << "%";
-    std::cerr << "; wrote " << (out.empty() ? "." : out) << "/model.json, log.csv, curves.png\n";
+    const std::string dir = out.empty() ? "." : out;
+    std::cerr << "; wrote " << dir << "/model.json, log.csv"
+              << (std::filesystem::exists(dir + "/curves.png") ? ", curves.png" : "") << "\n";
   }
   if (!a.save.empty()) {
     model.save_json(a.save);
