@@ -138,6 +138,26 @@ TEST_CASE("--mean and --std take one value or one per channel; anything else is 
   CHECK(run_cli("classify -q -m botnet26t_256 --mean 120,115,100 --std 0.2,0.2,0.2 " + photo()).status == 0);
 }
 
+TEST_CASE("a missing model file, a directory or a broken config: one sentence naming the path, exit 1") {
+  const std::string img = src("samples/bag_00018.png");
+  relpos::test::TempDir d;
+  const auto once = [](const std::string& text, const std::string& what) {
+    const auto at = text.find(what);
+    return at != std::string::npos && text.find(what, at + 1) == std::string::npos;
+  };
+  auto r = run_cli("classify -m " + d.file("weights.safetensors") + " " + img);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(d.file("weights.safetensors") + ": no such file") != std::string::npos);
+  CHECK(once(r.out, d.file("weights.safetensors")));
+  r = run_cli("eval -m " + d.path + " --data " + d.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(d.path + ": is a directory") != std::string::npos);
+  std::ofstream(d.file("cfg.json")) << R"({"name": "x", "stages": []})";
+  r = run_cli("train --config " + d.file("cfg.json") + " --data fashion-mnist --epochs 1 --out " + d.file("run"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(d.file("cfg.json") + ": model config: missing \"stem\"") != std::string::npos);
+}
+
 TEST_CASE("usage errors exit 2 with the usage line; bounded --threads; --topk 0 in words") {
   const std::string img = src("samples/bag_00018.png");
   const std::string fm = "-m " + src("models/botnet-fmnist.json");

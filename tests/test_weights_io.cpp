@@ -8,6 +8,8 @@
 
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
+#include "relpos/optim.hpp"
+#include "train/checkpoint.hpp"
 #include "relpos/model.hpp"
 #include "test_util.hpp"
 
@@ -200,7 +202,7 @@ TEST_CASE("malformed safetensors files fail with a message naming the problem") 
   std::memcpy(bytes.data(), &n, 8);
   write_text(dir.file("size.safetensors"), bytes + header + std::string(8, '\0'));
   CHECK_THROWS_WITH_AS(SafetensorsFile::read(dir.file("size.safetensors")), doctest::Contains("tensor 'x': shape [3]"), Error);
-  CHECK_THROWS_WITH_AS(Model::load(dir.file("nonexistent.safetensors")), doctest::Contains("cannot open"), Error);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("nonexistent.safetensors")), doctest::Contains("nonexistent.safetensors: no such file"), Error);
 }
 
 TEST_CASE("malformed JSON weights fail with a message naming the problem") {
@@ -252,6 +254,16 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
     j["config"]["stages"][0]["chs"] = "many";
     expect(j, "wrong type");
   }
+  {
+    json j = good;
+    j["tensors"]["head.fc.bias"]["dtype"] = 5;
+    expect(j, "bad.json: tensor 'head.fc.bias': \"dtype\" must be a string");
+  }
+  {
+    json j = good;
+    j["config"].erase("stem");
+    expect(j, "bad.json: model config: missing \"stem\"");
+  }
   write_text(dir.file("trunc.json"), detail::read_file(dir.file("ok.json")).substr(0, 5000));
   CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc.json")), doctest::Contains("not valid JSON"), Error);
   CHECK_THROWS_WITH_AS(Model::load(tiny_config()), doctest::Contains("model config without weights"), Error);
@@ -269,4 +281,36 @@ TEST_CASE("model configs reject unknown keys and impossible values") {
   CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("unknown position encoding 'rotary'"), Error);
   const ModelConfig c = ModelConfig::load("tiny_botnet_96x64");
   CHECK(ModelConfig::from_json(c.to_json()).to_json() == c.to_json());
+}
+
+TEST_CASE("files that are not there, directories and configs without a stem fail naming the path") {
+  test::TempDir dir;
+  const std::string missing = dir.file("nope.safetensors");
+  CHECK_THROWS_WITH_AS(Model::load(missing), doctest::Contains((missing + ": no such file").c_str()), Error);
+  CHECK_THROWS_WITH_AS(Model::load(dir.path), doctest::Contains((dir.path + ": is a directory").c_str()), Error);
+  CHECK_THROWS_WITH_AS(Model::create(dir.path), doctest::Contains((dir.path + ": is a directory").c_str()), Error);
+  CHECK_THROWS_WITH_AS(detail::read_file(dir.path), doctest::Contains("is a directory"), Error);
+  for (const char* key : {"stem", "stages"}) {
+    json j = json::parse(detail::read_file(tiny_config()));
+    j.erase(key);
+    write_text(dir.file("cfg.json"), j.dump());
+    const std::string want = dir.file("cfg.json") + ": model config: missing \"" + key + "\"";
+    CHECK_THROWS_WITH_AS(Model::create(dir.file("cfg.json")), doctest::Contains(want.c_str()), Error);
+    CHECK_THROWS_WITH_AS(ModelConfig::load(dir.file("cfg.json")), doctest::Contains(want.c_str()), Error);
+  }
+}
+
+TEST_CASE("a training checkpoint loads as a model (its model part)") {
+  test::TempDir dir;
+  Model m = tiny_model();
+  m.network().prepare_inference();  // tiny_model() changed the weights after creation
+  Model trained = tiny_model();
+  Optimizer opt({}, trained.network().params());
+  detail::TrainProgress progress;
+  detail::save_checkpoint(dir.file("checkpoint.safetensors"), m, opt, TrainOptions{}, progress);
+  const Model back = Model::load(dir.file("checkpoint.safetensors"));
+  CHECK(back.labels() == m.labels());
+  std::mt19937 rng(3);
+  const Tensor x = test::random_tensor({2, 3, 96, 64}, rng, 1.0f);
+  CHECK(test::max_abs_diff(back.logits(x), m.logits(x)) == 0.0f);
 }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -37,6 +38,8 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 }
 
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a directory, expected a file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   RELPOS_CHECK(in, "cannot open '" << path << "': " << std::strerror(errno));
   const std::streamsize size = in.tellg();

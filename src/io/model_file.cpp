@@ -2,6 +2,7 @@
 // (timm's, or relpos's own with the config, labels and preprocessing in __metadata__).
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -57,6 +58,8 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
     RELPOS_CHECK(d.is_number_integer() && d.get<std::int64_t>() >= 0, "tensor '" << name << "' has a bad shape");
     shape.push_back(d.get<std::int64_t>());
   }
+  RELPOS_CHECK(!t.contains("dtype") || t.at("dtype").is_string(),
+               "tensor '" << name << "': \"dtype\" must be a string such as \"float32\", got " << t.at("dtype").dump());
   const std::string dtype = t.value("dtype", "float32");
   RELPOS_CHECK(dtype == "float32", "tensor '" << name << "' has dtype '" << dtype << "' (relpos stores float32)");
   const std::int64_t numel = numel_of(shape);  // throws on overflow; checked against the data BEFORE allocating
@@ -102,7 +105,7 @@ FileContents read_json_weights(const std::string& path) {
   if (!j.contains("format")) {
     RELPOS_CHECK(!j.contains("stages"), path << ": this is a model config without weights; create a model from it "
                                                 "(relpos train --config, or Model::create) or pass weights");
-    RELPOS_FAIL(path << ": not a relpos weights file (no \"format\" key)");
+    RELPOS_FAIL(path << ": neither a relpos weights file (no \"format\" key) nor a model config (no \"stages\")");
   }
   RELPOS_CHECK(j["format"].is_string() && j["format"] == kFormat,
                path << ": not a relpos weights file (format " << j["format"].dump() << ", expected \"" << kFormat << "\")");
@@ -124,6 +127,8 @@ FileContents read_json_weights(const std::string& path) {
       fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value()));
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": unexpected JSON structure (" << e.what() << ")");
   }
   return fc;
 }
@@ -151,7 +156,12 @@ FileContents read_safetensors_weights(const std::string& path, const LoadOptions
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
   }
-  for (const auto& e : f.entries()) fc.tensors.emplace_back(e.name, f.tensor(e.name));
+  // A training checkpoint holds the model's tensors as "model.*" next to the optimizer's "optim.*".
+  const bool checkpoint = meta.count("relpos.format") && meta.at("relpos.format") == "relpos-checkpoint";
+  for (const auto& e : f.entries()) {
+    if (!checkpoint) fc.tensors.emplace_back(e.name, f.tensor(e.name));
+    else if (e.name.rfind("model.", 0) == 0) fc.tensors.emplace_back(e.name.substr(6), f.tensor(e.name));
+  }
   return fc;
 }
 
@@ -222,6 +232,10 @@ std::vector<std::string> read_labels(const std::string& path) {
 }
 
 Model Model::load(const std::string& path, const LoadOptions& options) {
+  std::error_code ec;
+  RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
+  RELPOS_CHECK(!std::filesystem::is_directory(path, ec),
+               path << ": is a directory; expected a model file (.json or .safetensors)");
   FileContents fc = looks_like_json(path) ? read_json_weights(path) : read_safetensors_weights(path, options);
   Network net(fc.config, 0, /*initialize=*/false);
   detail::assign_tensors(net, fc.tensors, path);

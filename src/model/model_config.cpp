@@ -100,6 +100,9 @@ json sasa_json(const SasaConfig& c) { return {{"heads", c.heads}, {"kernel", c.k
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const json& j) {
+  RELPOS_CHECK(j.is_object(), "a model config must be a JSON object");
+  for (const char* key : {"stem", "stages"})
+    RELPOS_CHECK(j.contains(key), "model config: missing \"" << key << "\" (see docs/config.md)");
   Reader r(j, "model config");
   ModelConfig c;
   c.name = r.get<std::string>("name", c.name);
@@ -230,6 +233,8 @@ ModelConfig ModelConfig::load(const std::string& path_or_name) {
     return from_json(j);
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": unexpected JSON structure in the model config (" << e.what() << ")");
   }
 }
 

@@ -74,7 +74,14 @@ Model ModelOptions::load() const {
   opt.config = config;
   opt.device = run.apply();
   // A config (file with "stages", or a shipped name) gives a model with random weights.
-  bool is_config = !fs::exists(model);
+  const bool exists = fs::exists(model);
+  const auto ends_with = [&](const char* ext) {
+    const std::string e(ext);
+    return model.size() >= e.size() && model.compare(model.size() - e.size(), e.size(), e) == 0;
+  };
+  if (!exists && (model.find('/') != std::string::npos || ends_with(".json") || ends_with(".safetensors")))
+    RELPOS_FAIL(model << ": no such file");
+  bool is_config = !exists;
   if (!is_config && !fs::is_directory(model) && model.size() > 5 &&
       model.compare(model.size() - 5, 5, ".json") == 0) {
     const auto j = nlohmann::json::parse(detail::read_file(model), nullptr, false);
