@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <mutex>
 #include <cstdio>
 #include <opencv2/core.hpp>
 #include <random>
@@ -273,6 +274,8 @@ TEST_CASE("many threads classifying on one GPU model agree exactly with one thre
     first.join();
   }
   std::atomic<int> mismatches{0}, failures{0};
+  std::mutex error_mutex;
+  std::string first_error;
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
     threads.emplace_back([&, t] {
@@ -284,12 +287,14 @@ TEST_CASE("many threads classifying on one GPU model agree exactly with one thre
             for (std::size_t j = 0; j < got.size(); ++j)
               if (got[j].index != serial[k][j].index || got[j].logit != serial[k][j].logit) ++mismatches;
           }
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
         ++failures;
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.empty()) first_error = e.what();
       }
     });
   for (auto& th : threads) th.join();
-  CHECK(failures.load() == 0);
+  CHECK_MESSAGE(failures.load() == 0, "first error: " << first_error);
   CHECK(mismatches.load() == 0);
 }
 

@@ -74,7 +74,7 @@ __global__ void expand_softmax_kernel(float* L, const float* qh, const float* qw
   extern __shared__ float sh[];  // Th + Tw table entries, 32 for reductions, then the row (kShared)
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
   float* grow = L + (static_cast<std::size_t>(bh) * a.N + i) * a.N;
-  float* red = sh + a.Th + a.Tw;
+  float* red = sh + (a.rel ? a.Th + a.Tw : 0);  // the launch sizes shared memory the same way
   float* row = kShared ? red + 32 : grow;
   if (a.rel) {
     const std::size_t q = static_cast<std::size_t>(h) * a.B * a.N + static_cast<std::size_t>(b) * a.N + i;
@@ -113,12 +113,10 @@ __global__ void expand_softmax_kernel(float* L, const float* qh, const float* qw
 // key column (a thread per column) without atomics; otherwise shared-memory atomics.
 template <bool kShared>
 __global__ void softmax_back_reduce_kernel(const float* P, float* dL, float* dqh, float* dqw, RowArgs a, float alpha) {
-  extern __shared__ float sh[];  // H row sums, W column sums, Th, Tw, 32 for reductions, row (kShared)
+  extern __shared__ float sh[];  // H row sums and W column sums (rel), 32 for reductions, row (kShared)
   float* rows = sh;
   float* cols = rows + a.H;
-  float* th = cols + a.W;
-  float* tw = th + a.Th;
-  float* red = tw + a.Tw;
+  float* red = a.rel ? cols + a.W : sh;  // as the launch sizes it
   float* vals = red + 32;
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
   const std::size_t off = (static_cast<std::size_t>(bh) * a.N + i) * a.N;
@@ -216,14 +214,20 @@ __global__ void absolute_back_kernel(const float* dkp, float* dqkv, float* dpos,
 
 int row_threads(std::int64_t n) { return n >= 1024 ? 256 : n >= 256 ? 128 : 64; }
 
+// The dynamic shared-memory limit of a kernel is one setting for the whole process: it is raised
+// once, to a fixed cap, and never lowered (setting it per launch to the launch's own size races
+// with other threads' launches: seen as "invalid argument" with 8 threads on an H100).
+constexpr std::size_t kSharedCap = 128 * 1024;
+
 void launch_expand_softmax(float* L, const float* qh, const float* qw, const RowArgs& ra, unsigned images_heads) {
-  const bool in_shared = ra.N <= kMaxSharedRow;
-  const std::size_t shm =
-      (static_cast<std::size_t>(ra.rel ? ra.Th + ra.Tw : 0) + 32 + (in_shared ? ra.N : 0)) * sizeof(float);
+  static const cudaError_t raised = cudaFuncSetAttribute(
+      expand_softmax_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedCap));
+  RELPOS_CUDA_CHECK(raised);
+  const std::size_t tables = static_cast<std::size_t>(ra.rel ? ra.Th + ra.Tw : 0) + 32;
+  const bool in_shared = ra.N <= kMaxSharedRow && (tables + ra.N) * sizeof(float) <= kSharedCap;
+  const std::size_t shm = (tables + (in_shared ? ra.N : 0)) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(ra.N), images_heads);
   if (in_shared) {
-    RELPOS_CUDA_CHECK(
-        cudaFuncSetAttribute(expand_softmax_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
     expand_softmax_kernel<true><<<grid, row_threads(ra.N), shm, stream()>>>(L, qh, qw, ra);
   } else {
     expand_softmax_kernel<false><<<grid, row_threads(ra.N), shm, stream()>>>(L, qh, qw, ra);
@@ -309,13 +313,14 @@ ops::BotAttnGrads bot_attention_backward(const Tensor& qkv_in, const Tensor& pos
   const RowArgs ra{static_cast<int>(N), static_cast<int>(g.H), static_cast<int>(g.W), static_cast<int>(H),
                    static_cast<int>(g.B), static_cast<int>(g.Th), static_cast<int>(g.Tw), g.kh, g.kw, rel, true};
   {
-    const bool in_shared = rel && N <= kMaxSharedRow;
-    const std::size_t shm =
-        (static_cast<std::size_t>(rel ? g.H + g.W + g.Th + g.Tw : 0) + 32 + (in_shared ? N : 0)) * sizeof(float);
+    static const cudaError_t raised = cudaFuncSetAttribute(
+        softmax_back_reduce_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedCap));
+    RELPOS_CUDA_CHECK(raised);
+    const std::size_t sums = static_cast<std::size_t>(rel ? g.H + g.W : 0) + 32;
+    const bool in_shared = rel && N <= kMaxSharedRow && (sums + static_cast<std::size_t>(N)) * sizeof(float) <= kSharedCap;
+    const std::size_t shm = (sums + (in_shared ? static_cast<std::size_t>(N) : 0)) * sizeof(float);
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(g.B * H));
     if (in_shared) {
-      RELPOS_CUDA_CHECK(cudaFuncSetAttribute(softmax_back_reduce_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shm)));
       softmax_back_reduce_kernel<true><<<grid, row_threads(N), shm, stream()>>>(
           probs.data(), dL.data(), dqh.data(), dqw.data(), ra, g.alpha_pos);
     } else {

@@ -33,8 +33,14 @@
     const cudnnStatus_t relpos_s_ = (expr);                                                            \
     RELPOS_CHECK(relpos_s_ == CUDNN_STATUS_SUCCESS, "cuDNN error: " << cudnnGetErrorString(relpos_s_) << " (" #expr ")"); \
   } while (0)
-// After a kernel launch: launch errors (bad configuration) surface here.
-#define RELPOS_CUDA_LAUNCHED() RELPOS_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: launch errors (bad configuration) surface here, with the place.
+#define RELPOS_CUDA_LAUNCHED()                                                                          \
+  do {                                                                                                  \
+    const cudaError_t relpos_e_ = cudaGetLastError();                                                   \
+    RELPOS_CHECK(relpos_e_ == cudaSuccess,                                                              \
+                 "CUDA error: " << cudaGetErrorString(relpos_e_) << " (kernel launch at " << __FILE__ << ":" \
+                                << __LINE__ << ")");                                                   \
+  } while (0)
 
 namespace relpos::cuda {
 

@@ -1,5 +1,6 @@
 // Device memory for the CUDA build: per-stream caching pools, copies and layout changes.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -28,6 +29,9 @@ thread_local Context* this_thread_context = nullptr;
 }  // namespace
 
 Context::Context() : id(next_context_id++) {
+  // Handles are made one thread at a time: cuDNN 9 loads its sub-libraries on first use.
+  static std::mutex creating;
+  std::lock_guard<std::mutex> lock(creating);
   RELPOS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   RELPOS_CUBLAS_CHECK(cublasCreate(&cublas));
   RELPOS_CUBLAS_CHECK(cublasSetStream(cublas, stream));
@@ -87,6 +91,16 @@ namespace detail {
 
 namespace {
 
+// Frees cannot throw: a failed call is reported on stderr (once per kind) and cleared, so that it
+// does not surface later as the "last error" of an unrelated kernel launch.
+bool quiet(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  static std::atomic<int> reported{0};
+  if (reported++ < 8) std::fprintf(stderr, "relpos: %s while freeing GPU memory: %s\n", what, cudaGetErrorString(e));
+  cudaGetLastError();
+  return false;
+}
+
 // One caching pool per thread context (stream). Blocks remember their owner; see cuda_common.hpp
 // for the cross-thread rules.
 class StreamPools {
@@ -113,8 +127,8 @@ class StreamPools {
       // The owning thread has exited (its stream was drained then): only the freeing thread's
       // queued work can still touch the block.
       lock.unlock();
-      if (freeing) cudaStreamSynchronize(freeing->stream);
-      cudaFree(p);
+      if (freeing) quiet(cudaStreamSynchronize(freeing->stream), "cudaStreamSynchronize");
+      quiet(cudaFree(p), "cudaFree");
       return;
     }
     const std::shared_ptr<CachingAllocator> a = pit->second;
@@ -123,12 +137,13 @@ class StreamPools {
       // it out next, waits for that work first. The lock keeps the owner from retiring (and
       // destroying its stream) meanwhile.
       cudaEvent_t done;
-      if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
-        cudaEventRecord(done, freeing->stream);
-        cudaStreamWaitEvent(owner.stream, done, 0);
-        cudaEventDestroy(done);  // its resources go once it has completed
+      if (quiet(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate")) {
+        const bool ok = quiet(cudaEventRecord(done, freeing->stream), "cudaEventRecord") &&
+                        quiet(cudaStreamWaitEvent(owner.stream, done, 0), "cudaStreamWaitEvent");
+        quiet(cudaEventDestroy(done), "cudaEventDestroy");  // its resources go once it has completed
+        if (!ok) quiet(cudaStreamSynchronize(freeing->stream), "cudaStreamSynchronize");
       } else {
-        cudaStreamSynchronize(freeing->stream);
+        quiet(cudaStreamSynchronize(freeing->stream), "cudaStreamSynchronize");
       }
     }
     lock.unlock();
@@ -163,9 +178,11 @@ class StreamPools {
       a = std::make_shared<CachingAllocator>(
           [](std::size_t n) -> void* {
             void* q = nullptr;
-            return cudaMalloc(&q, n) == cudaSuccess ? q : nullptr;
+            if (cudaMalloc(&q, n) == cudaSuccess) return q;
+            cudaGetLastError();  // out of memory is handled by the caller, not left for a later check
+            return nullptr;
           },
-          [](void* q) { cudaFree(q); }, 0, cap);
+          [](void* q) { quiet(cudaFree(q), "cudaFree"); }, 0, cap);
     }
     return *a;
   }

@@ -36,6 +36,17 @@ for step in "$@"; do
   case "$step" in
     tests)
       LD_LIBRARY_PATH="$libpath" timeout 200 .devdeps/bin/test_cuda 2>&1 | tee "$OUT/test_cuda.txt" | tail -40 ;;
+    sanitize)
+      # compute-sanitizer: out-of-bounds and misaligned accesses (memcheck), shared-memory races
+      # (racecheck) in our kernels
+      for tc in "layouts*" "convolution*" "batch norm*" "pooling*" "optimizer*" "BoTNet attention*" "SASA*" "golden*"; do
+        echo "== compute-sanitizer --tool memcheck test_cuda -tc=\"$tc\""
+        LD_LIBRARY_PATH="$libpath" timeout 100 compute-sanitizer --tool memcheck --print-limit 3 --error-exitcode 9 \
+          .devdeps/bin/test_cuda -tc="$tc" 2>&1 | grep -v "^\[doctest\] \(doctest\|run with\)" | head -40
+      done 2>&1 | tee "$OUT/sanitize.txt"
+      echo "== compute-sanitizer --tool racecheck (attention, SASA, batch norm)"
+      LD_LIBRARY_PATH="$libpath" timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        .devdeps/bin/test_cuda -tc="*attention*,*SASA*,batch norm*" 2>&1 | tail -3 | tee -a "$OUT/sanitize.txt" ;;
     cputests)
       for t in .devdeps/bin/test_*; do
         [ "$(basename "$t")" = test_cuda ] && continue
