@@ -185,6 +185,21 @@ template <typename T>
 cv::Mat convolve(const cv::Mat& src, int out_w, int out_h, const Filter& f, cv::Rect r) {
   // Pillow skips a pass whose size does not change (the filter would be the identity there).
   const bool need_h = out_w != src.cols, need_v = out_h != src.rows;
+  // Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+  // pixels as the width (the order changes the 8-bit rounding between the passes).
+  const bool vertical_first = need_h && need_v && src.rows - out_h > 0 && src.rows - out_h > 2 * (src.cols - out_w);
+  if (vertical_first) {
+    // the columns of the source the horizontal pass reads, filtered vertically for the region's rows
+    Coeffs horiz = coefficients(src.cols, out_w, f, r.x, r.width);
+    const int x_first = horiz.start.front(), x_last = horiz.start.back() + horiz.count.back();
+    for (int& s : horiz.start) s -= x_first;
+    const Coeffs vert = coefficients(src.rows, out_h, f, r.y, r.height);
+    cv::Mat tmp(r.height, x_last - x_first, src.type());
+    pass<T>(src.colRange(x_first, x_last), tmp, vert, /*horizontal=*/false);
+    cv::Mat out(r.height, r.width, src.type());
+    pass<T>(tmp, out, horiz, /*horizontal=*/true);
+    return out;
+  }
   // the rows of the source the vertical pass reads, and the columns the horizontal pass writes
   Coeffs vert;
   int y_first = r.y, y_last = r.y + r.height;

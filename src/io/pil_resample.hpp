@@ -2,9 +2,10 @@
 // torchvision's Resize and so timm's eval transform run on a PIL image), bit for bit for 8-bit
 // images. The convolution filters follow Pillow's separable scheme: the filter support widens with
 // the scale factor when shrinking (antialiasing), weights are normalised per output pixel and, for
-// 8-bit images, turned into 22-bit fixed point; the horizontal pass runs first, over the source rows
-// the vertical pass needs, and its result is rounded and clipped to 8 bits before the vertical
-// pass. NEAREST is Pillow's scaling transform (source pixel at the floor of the accumulated
+// 8-bit images, turned into 22-bit fixed point; the first pass's result is rounded and clipped to 8
+// bits before the second. The horizontal pass runs first, except, as in Pillow 13, when the height
+// shrinks by more than twice as many pixels as the width (Pillow 12 and older always go horizontal
+// first, so such images can differ from theirs by a level or so). NEAREST is Pillow's scaling transform (source pixel at the floor of the accumulated
 // centre coordinate).
 #pragma once
 
