@@ -287,3 +287,32 @@ TEST_CASE("the API: topk <= 0 is an error; CV_32F images are taken in 0..255 uni
     CHECK(a[i].logit == doctest::Approx(b[i].logit).epsilon(1e-5));
   }
 }
+
+TEST_CASE("a progress bar on a terminal only, never with -q or in a pipe") {
+  if (std::system("command -v script >/dev/null 2>&1") != 0) {
+    MESSAGE("skipped: util-linux 'script' (a pseudo-terminal) is not installed");
+    return;
+  }
+  const std::string cmd = std::string(RELPOS_CLI_PATH) + " classify --threads 1 -m " + src("models/botnet-fmnist.json") +
+                          " " + src("samples");
+  const auto on_tty = [](const std::string& c) {
+    relpos::test::CliRun r;
+    FILE* p = popen(("RELPOS_PROGRESS_AFTER=0 script -qec '" + c + "' /dev/null 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    std::size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+    r.status = pclose(p);
+    return r;
+  };
+  auto r = on_tty(cmd);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("img/s  ETA") != std::string::npos);
+  CHECK(r.out.find("\033[K") != std::string::npos);  // the bar is erased when done
+  r = on_tty(cmd + " -q");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("Bag") != std::string::npos);  // it did classify
+  CHECK(r.out.find("ETA") == std::string::npos);
+  const auto piped = run_cli("classify --threads 1 -m " + src("models/botnet-fmnist.json") + " " + src("samples"));
+  CHECK(piped.out.find("ETA") == std::string::npos);
+}

@@ -5,11 +5,23 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 namespace relpos::cli {
+
+namespace {
+// Seconds of work before the bar appears; RELPOS_PROGRESS_AFTER overrides it (tests use 0).
+double show_after() {
+  static const double s = [] {
+    const char* env = std::getenv("RELPOS_PROGRESS_AFTER");
+    return env ? std::atof(env) : 2.0;
+  }();
+  return s;
+}
+}  // namespace
 
 ProgressBar::ProgressBar(std::string what, bool quiet)
     : what_(std::move(what)), enabled_(!quiet && isatty(STDERR_FILENO) != 0) {}
@@ -18,7 +30,7 @@ void ProgressBar::update(std::size_t done, std::size_t total) {
   if (!enabled_ || total == 0) return;
   const auto now = Clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  if (elapsed < 2.0 || (drawn_ && std::chrono::duration<double>(now - last_).count() < 0.2)) return;
+  if (elapsed < show_after() || (drawn_ && std::chrono::duration<double>(now - last_).count() < 0.2)) return;
   last_ = now;
   drawn_ = true;
   const double frac = static_cast<double>(done) / static_cast<double>(total);
