@@ -314,3 +314,19 @@ TEST_CASE("a training checkpoint loads as a model (its model part)") {
   const Tensor x = test::random_tensor({2, 3, 96, 64}, rng, 1.0f);
   CHECK(test::max_abs_diff(back.logits(x), m.logits(x)) == 0.0f);
 }
+
+TEST_CASE("a preprocess block without input_size takes the model's input size, not 224") {
+  test::TempDir dir;
+  json j = json::parse(detail::read_file(tiny_config()));
+  j["preprocess"] = {{"channels", "RGB"}, {"crop_pct", 0.9}};
+  write_text(dir.file("cfg.json"), j.dump());
+  const Model m = Model::create(dir.file("cfg.json"));
+  CHECK(m.preprocess().height == 96);
+  CHECK(m.preprocess().width == 64);
+  CHECK(m.preprocess().crop_pct == doctest::Approx(0.9));
+  m.save_json(dir.file("w.json"));
+  json w = json::parse(detail::read_file(dir.file("w.json")));
+  w["preprocess"].erase("input_size");
+  write_text(dir.file("w2.json"), w.dump());
+  CHECK(Model::load(dir.file("w2.json")).preprocess().height == 96);
+}

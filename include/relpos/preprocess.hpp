@@ -43,7 +43,10 @@ struct Preprocess {
   int in_chans() const { return channels == "GRAY" ? 1 : 3; }
   // File form: {"input_size": [h, w], "channels": "RGB", "mean": [...], "std": [...], "scale": ...,
   // "crop": true, "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bilinear", "tta": "none"}.
-  static Preprocess from_json(const nlohmann::json& j);
+  // Keys the JSON leaves out keep base's values (pass the model's default_preprocess, so that a
+  // "preprocess" without "input_size" uses the model's input size, not 224).
+  static Preprocess from_json(const nlohmann::json& j, const Preprocess& base);
+  static Preprocess from_json(const nlohmann::json& j);  // base: Preprocess{}
   nlohmann::json to_json() const;
   std::string describe() const;
 };

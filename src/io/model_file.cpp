@@ -119,7 +119,7 @@ FileContents read_json_weights(const std::string& path) {
     fc.config = ModelConfig::from_json(j["config"]);
     if (j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
     if (j.contains("preprocess")) {
-      fc.preprocess = Preprocess::from_json(j["preprocess"]);
+      fc.preprocess = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
       fc.has_preprocess = true;
     }
     RELPOS_CHECK(j.contains("tensors") && j["tensors"].is_object(), "missing \"tensors\" object");
@@ -148,7 +148,7 @@ FileContents read_safetensors_weights(const std::string& path, const LoadOptions
     }
     if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
     if (meta.count("relpos.preprocess")) {
-      fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")));
+      fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
       fc.has_preprocess = true;
     }
   } catch (const json::exception& e) {
@@ -243,7 +243,7 @@ Model Model::load(const std::string& path, const LoadOptions& options) {
   if (!fc.has_preprocess && !options.config.empty()) {
     // a shipped config may carry the preprocessing its weights were trained with
     json j = json::parse(detail::read_file(find_config(options.config)));
-    if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"]);
+    if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
     if (fc.labels.empty() && j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
   }
   Model m(std::move(net), std::move(fc.labels), pre);
@@ -263,7 +263,7 @@ Model Model::create(const std::string& config, std::uint32_t seed) {
   std::vector<std::string> labels;
   Preprocess pre = default_preprocess(cfg);
   if (j.contains("labels")) labels = labels_from(j["labels"], path);
-  if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"]);
+  if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"], default_preprocess(cfg));
   return Model(Network(cfg, seed), std::move(labels), pre);
 }
 

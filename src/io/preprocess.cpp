@@ -26,9 +26,11 @@ PilFilter pil_filter(const std::string& s) {
 }
 }  // namespace
 
-Preprocess Preprocess::from_json(const nlohmann::json& j) {
+Preprocess Preprocess::from_json(const nlohmann::json& j) { return from_json(j, Preprocess{}); }
+
+Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base) {
   RELPOS_CHECK(j.is_object(), "preprocess must be a JSON object");
-  Preprocess p;
+  Preprocess p = base;
   try {
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& k = it.key();

@@ -132,7 +132,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   try {
     const ModelConfig config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
     const auto labels = json::parse(meta.at("relpos.labels")).get<std::vector<std::string>>();
-    const Preprocess pre = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")));
+    const Preprocess pre = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(config));
     c.options = TrainOptions::from_json(json::parse(meta.at("relpos.train_options")));
     const json pj = json::parse(meta.at("relpos.progress"));
     c.progress.epoch = pj.at("epoch").get<int>();
