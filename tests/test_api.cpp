@@ -2,10 +2,13 @@
 // loaded model shared by many threads.
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <omp.h>
+
 #include <thread>
 
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
+#include "relpos/ops.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -112,4 +115,35 @@ TEST_CASE("concurrent classify() calls on one loaded model are safe and agree wi
 TEST_CASE("without a GPU, asking for CUDA memory fails with a message, not a crash") {
   if (cuda_available()) return;
   CHECK_THROWS_WITH_AS(Tensor::zeros({1}, Device::CUDA), doctest::Contains("CUDA"), Error);
+}
+
+TEST_CASE("set_num_threads holds in threads started later; features() takes a batch") {
+  Model m = tiny();
+  const std::vector<cv::Mat> imgs = {sample("bag_00018.png"), sample("coat_00006.png")};
+  set_num_threads(1);
+  int seen = -1;
+  std::thread t([&] {
+    m.classify(imgs[0], 1);
+    seen = omp_get_max_threads();
+  });
+  t.join();
+  CHECK(seen == 1);
+  CHECK(num_threads() == 1);
+  set_num_threads(0);
+  CHECK_THROWS_AS(set_num_threads(-1), Error);
+  CHECK_THROWS_AS(set_num_threads(100000), Error);
+  const auto batch = m.features(imgs);
+  for (std::size_t i = 0; i < imgs.size(); ++i) {
+    const auto one = m.features(imgs[i]);
+    REQUIRE(one.size() == batch.size());
+    for (std::size_t s = 0; s < one.size(); ++s) {
+      CHECK(batch[s].dim(0) == 2);
+      const auto b = batch[s].to_vector(), o = one[s].to_vector();
+      const std::size_t per = o.size();
+      float worst = 0.0f;
+      for (std::size_t k = 0; k < per; ++k) worst = std::max(worst, std::abs(b[i * per + k] - o[k]));
+      CHECK(worst <= 1e-4f);
+    }
+  }
+  CHECK_THROWS_AS(m.features(std::vector<cv::Mat>{}), Error);
 }

@@ -52,6 +52,8 @@ class Model {
   std::vector<std::vector<Prediction>> classify(const std::vector<cv::Mat>& images, int topk = 5) const;
   // Feature maps (stem, then every stage), each (1, C, h, w) contiguous on the CPU.
   std::vector<Tensor> features(const cv::Mat& image) const;
+  // The same for a batch in one pass: per stage, (N, C, h, w) for the N images.
+  std::vector<Tensor> features(const std::vector<cv::Mat>& images) const;
   // Logits for a preprocessed batch (N, C, H, W); with the preprocessing's tta "hflip", the mean
   // of the batch's and its mirror image's.
   Tensor logits(const Tensor& batch) const;

@@ -34,6 +34,16 @@ class OpCache {
 // Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
 // products (faster, about 3 significant digits). Off by default, so that GPU results match the
 // CPU and timm to float32 rounding. The CPU backend always computes in float32.
+// CPU threads for relpos's work (OpenMP regions and oneDNN), process-wide. n = 0 (the default)
+// leaves OpenMP's own default (OMP_NUM_THREADS, else all cores). Each relpos call applies the
+// setting to the calling thread, so it also holds in threads the application starts later. An
+// application running W threads that each call relpos should set about cores / W, so that the
+// W x n OpenMP threads do not oversubscribe the cores. At most 1024.
+void set_num_threads(int n);
+int num_threads();  // the setting (0: OpenMP's default)
+namespace detail {
+void apply_thread_setting();  // internal: makes the calling thread use the setting
+}
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "relpos/error.hpp"
+#include "relpos/ops.hpp"
 
 namespace relpos {
 
@@ -41,6 +42,7 @@ Tensor mirrored(const Tensor& batch) {
 }  // namespace
 
 Tensor Model::logits(const Tensor& batch) const {
+  detail::apply_thread_setting();
   Tensor out = network_.infer(batch.to(network_.device())).to(Device::CPU);
   if (preprocess_.tta == "hflip") {
     const Tensor flipped = network_.infer(mirrored(batch).to(network_.device())).to(Device::CPU);
@@ -81,6 +83,7 @@ std::vector<std::vector<Prediction>> Model::top_k(const Tensor& logits, int k) c
 
 std::vector<std::vector<Prediction>> Model::classify(const std::vector<cv::Mat>& images, int topk) const {
   if (images.empty()) return {};
+  detail::apply_thread_setting();
   return top_k(logits(make_batch(images, preprocess_)), topk);
 }
 
@@ -88,10 +91,14 @@ std::vector<Prediction> Model::classify(const cv::Mat& image, int topk) const {
   return classify(std::vector<cv::Mat>{image}, topk).front();
 }
 
-std::vector<Tensor> Model::features(const cv::Mat& image) const {
-  auto maps = network_.infer_features(make_batch({image}, preprocess_).to(network_.device()));
+std::vector<Tensor> Model::features(const std::vector<cv::Mat>& images) const {
+  RELPOS_CHECK(!images.empty(), "features: no images");
+  detail::apply_thread_setting();
+  auto maps = network_.infer_features(make_batch(images, preprocess_).to(network_.device()));
   for (auto& m : maps) m = m.to(Device::CPU).contiguous();
   return maps;
 }
+
+std::vector<Tensor> Model::features(const cv::Mat& image) const { return features(std::vector<cv::Mat>{image}); }
 
 }  // namespace relpos

@@ -1,4 +1,6 @@
 // Routes each op to the backend that holds its inputs.
+#include <omp.h>
+
 #include <atomic>
 #include <initializer_list>
 
@@ -8,10 +10,12 @@
 #ifdef RELPOS_WITH_CUDA
 #include "cuda/cuda_ops.hpp"
 #define RELPOS_DISPATCH(t, fn, ...)                          \
+  detail::apply_thread_setting();                             \
   const detail::OpTimer relpos_op_timer_(#fn, (t).is_cuda()); \
   return (t).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
 #else
 #define RELPOS_DISPATCH(t, fn, ...)                   \
+  detail::apply_thread_setting();                      \
   const detail::OpTimer relpos_op_timer_(#fn, false); \
   return cpu::fn(__VA_ARGS__)
 #endif
@@ -36,6 +40,19 @@ std::string to_string(Act a) {
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<int> g_num_threads{0};
+}  // namespace
+
+void set_num_threads(int n) {
+  RELPOS_CHECK(n >= 0 && n <= 1024, "set_num_threads: " << n << " threads (0 to 1024)");
+  g_num_threads = n;
+  detail::apply_thread_setting();
+}
+int num_threads() { return g_num_threads; }
+
+void detail::apply_thread_setting() {
+  const int n = g_num_threads;
+  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }

@@ -1,6 +1,8 @@
 #include "relpos/model_config.hpp"
 
 #include <cstdlib>
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <set>
 
@@ -197,6 +199,16 @@ json ModelConfig::to_json() const {
 std::string models_dir() {
   if (const char* env = std::getenv("RELPOS_MODELS")) return env;
   namespace fs = std::filesystem;
+  // Installed: <prefix>/<libdir>/librelpos.so and <prefix>/<datadir>/relpos/models.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&models_dir), &info) != 0 && info.dli_fname) {
+    std::error_code ec;
+    const fs::path lib = fs::weakly_canonical(fs::path(info.dli_fname), ec);
+    if (!ec) {
+      const fs::path installed = lib.parent_path() / RELPOS_LIB_TO_MODELS;
+      if (fs::is_directory(installed)) return installed.string();
+    }
+  }
   if (fs::is_directory(RELPOS_MODELS_DIR)) return RELPOS_MODELS_DIR;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);

@@ -59,7 +59,7 @@ CLI::Validator at_least_one(const std::string& flag, const std::string& what) {
 }
 
 void set_threads(int threads) {
-  if (threads > 0) omp_set_num_threads(std::min(threads, kMaxThreads));
+  if (threads > 0) relpos::set_num_threads(std::min(threads, kMaxThreads));
 }
 
 int threads_in_use() { return omp_get_max_threads(); }
