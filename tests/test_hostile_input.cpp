@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -124,4 +125,32 @@ TEST_CASE("weights JSON: a huge declared shape with little data fails before all
     std::ofstream(path, std::ios::trunc) << j.dump();
     CHECK_THROWS_WITH_AS(Model::load(path), doctest::Contains("head.fc.bias"), Error);
   }
+}
+
+TEST_CASE("configs: out-of-range, fractional and huge values are errors naming the key; memory is estimated first") {
+  test::TempDir dir;
+  const nlohmann::json base = nlohmann::json::parse(std::ifstream(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+  const auto fails_with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    nlohmann::json j = base;
+    edit(j);
+    std::ofstream(dir.file("cfg.json")) << j.dump();
+    CHECK_THROWS_WITH_AS(Model::create(dir.file("cfg.json")), doctest::Contains(needle.c_str()), Error);
+  };
+  // the issue's reproducers
+  fails_with([](auto& j) { j["input_size"] = {961000000, 64}; }, "cfg.json: model config: key 'input_size[0]' is 961000000");
+  fails_with([](auto& j) { j["stages"][0]["depth"] = 22147483648LL; j["stages"][0].erase("types"); j["stages"][0]["type"] = "bottle"; },
+             "stages[0]: key 'depth' is 22147483648");
+  fails_with([](auto& j) { j["stages"][0]["br"] = 21.5; }, "key 'br' is 21.5");
+  fails_with([](auto& j) { j["stages"][0]["chs"] = 2564294967296LL; }, "key 'chs' is 2564294967296");
+  fails_with([](auto& j) { j["stages"][0]["chs"] = 4294967304LL; }, "key 'chs' is 4294967304");
+  fails_with([](auto& j) { j["sasa"] = {{"kernel", 1e10}}; }, "sasa: key 'kernel' must be a whole number");
+  fails_with([](auto& j) { j["self_attn"] = {{"clip", 1500000000}}; }, "self_attn: key 'clip' is 1500000000");
+  fails_with([](auto& j) { j["preprocess"] = {{"input_size", {1e10, 3}}}; }, "preprocess.input_size: 10000000000.0");
+  fails_with([](auto& j) { j["num_classes"] = -3; }, "key 'num_classes' is -3");
+  // within every bound, but global attention over a 1024 x 1024 stage map: stopped by the estimate
+  fails_with([](auto& j) { j["input_size"] = {4096, 4096}; }, "over the limit of 16 GiB");
+  // the estimate is close to the real parameter count
+  const Model m = Model::create(test::source_dir() + "/models/botnet26t_256.json");
+  const double real = static_cast<double>(m.network().num_params());
+  CHECK(std::abs(m.network().config().estimate().params - real) < 0.01 * real);
 }

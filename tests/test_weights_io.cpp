@@ -252,7 +252,7 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
   {
     json j = good;
     j["config"]["stages"][0]["chs"] = "many";
-    expect(j, "wrong type");
+    expect(j, "bad.json: model config: stages[0]: key 'chs' must be a whole number, got \"many\"");
   }
   {
     json j = good;

@@ -88,6 +88,20 @@ struct ModelConfig {
   // True when some attention layer has position tables sized for input_size (relative without
   // clip, or absolute): such a model only runs at its input size.
   bool fixed_input_size() const;
+
+  // What a network of this config costs, computed from the config alone (nothing allocated):
+  // parameters, and the peak working set of one image's inference (the largest activations and
+  // attention matrices alive at once, roughly).
+  struct Estimate {
+    double params = 0;             // number of parameters (with batch-norm statistics)
+    double param_bytes = 0;        // float32
+    double working_bytes = 0;      // batch 1 inference, input_size
+    double total_bytes() const { return param_bytes + working_bytes; }
+  };
+  Estimate estimate() const;
+  // Throws an Error naming the estimate when it is over the limit: RELPOS_MAX_MODEL_GB in the
+  // environment, else 16 GiB (a network is checked before any of it is allocated).
+  void check_memory() const;
 };
 
 // Where shipped models live: $RELPOS_MODELS, else the source tree's models/ folder, else

@@ -35,9 +35,11 @@ Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& k = it.key();
       if (k == "input_size") {
-        const auto s = it->get<std::vector<int>>();
-        RELPOS_CHECK(s.size() == 2 && s[0] > 0 && s[1] > 0, "preprocess.input_size must be [height, width]");
-        p.height = s[0], p.width = s[1];
+        RELPOS_CHECK(it->is_array() && it->size() == 2, "preprocess.input_size must be [height, width]");
+        for (const auto& d : *it)  // checked before any conversion to int
+          RELPOS_CHECK(d.is_number_integer() && d.get<long long>() >= 1 && d.get<long long>() <= 16384,
+                       "preprocess.input_size: " << d.dump() << " is not a size from 1 to 16384");
+        p.height = (*it)[0].get<int>(), p.width = (*it)[1].get<int>();
       } else if (k == "channels") {
         p.channels = it->get<std::string>();
       } else if (k == "mean" || k == "std") {

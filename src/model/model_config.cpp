@@ -1,5 +1,7 @@
 #include "relpos/model_config.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <dlfcn.h>
 
@@ -7,6 +9,7 @@
 #include <set>
 
 #include "io/atomic_file.hpp"
+#include "layers/blocks.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -54,6 +57,34 @@ class Reader {
       RELPOS_CHECK(used_.count(it.key()), where_ << ": unknown key '" << it.key() << "'");
   }
   const std::string& where() const { return where_; }
+  // An integer in [lo, hi]: JSON floats, out-of-range and huge values are errors, never converted.
+  int int_in(const std::string& k, int fallback, long long lo, long long hi) {
+    used_.insert(k);
+    if (!j_.contains(k)) return fallback;
+    return check_int(k, j_.at(k), lo, hi);
+  }
+  int need_int_in(const std::string& k, long long lo, long long hi) {
+    RELPOS_CHECK(j_.contains(k), where_ << ": missing key '" << k << "'");
+    return int_in(k, 0, lo, hi);
+  }
+  double num_in(const std::string& k, double fallback, double lo_exclusive, double hi) {
+    used_.insert(k);
+    if (!j_.contains(k)) return fallback;
+    const json& v = j_.at(k);
+    RELPOS_CHECK(v.is_number(), where_ << ": key '" << k << "' must be a number, got " << v.dump());
+    const double d = v.get<double>();
+    RELPOS_CHECK(d > lo_exclusive && d <= hi,
+                 where_ << ": key '" << k << "' is " << v.dump() << "; it must be above " << lo_exclusive << " and at most " << hi);
+    return d;
+  }
+  int check_int(const std::string& k, const json& v, long long lo, long long hi) const {
+    RELPOS_CHECK(v.is_number_integer(), where_ << ": key '" << k << "' must be a whole number, got " << v.dump());
+    const bool fits = v.is_number_unsigned() ? v.get<unsigned long long>() <= static_cast<unsigned long long>(hi)
+                                             : (v.get<long long>() >= lo && v.get<long long>() <= hi);
+    RELPOS_CHECK(fits && v.get<long long>() >= lo,
+                 where_ << ": key '" << k << "' is " << v.dump() << "; it must be from " << lo << " to " << hi);
+    return static_cast<int>(v.get<long long>());
+  }
 
  private:
   template <typename T>
@@ -71,10 +102,10 @@ class Reader {
 
 SelfAttnConfig read_self_attn(const json& j, SelfAttnConfig c, const std::string& where) {
   Reader r(j, where);
-  c.heads = r.get("heads", c.heads);
-  c.qk_ratio = r.get("qk_ratio", c.qk_ratio);
+  c.heads = r.int_in("heads", c.heads, 1, 64);
+  c.qk_ratio = static_cast<float>(r.num_in("qk_ratio", c.qk_ratio, 0.0, 4.0));
   c.pos = parse_pos_encoding(r.get("pos", to_string(c.pos)));
-  c.clip = r.get("clip", c.clip);
+  c.clip = r.int_in("clip", c.clip, 0, 64);
   c.per_head = r.get("per_head", c.per_head);
   c.scale_pos_embed = r.get("scale_pos_embed", c.scale_pos_embed);
   r.done();
@@ -84,9 +115,9 @@ SelfAttnConfig read_self_attn(const json& j, SelfAttnConfig c, const std::string
 
 SasaConfig read_sasa(const json& j, SasaConfig c, const std::string& where) {
   Reader r(j, where);
-  c.heads = r.get("heads", c.heads);
-  c.kernel = r.get("kernel", c.kernel);
-  c.qk_ratio = r.get("qk_ratio", c.qk_ratio);
+  c.heads = r.int_in("heads", c.heads, 1, 64);
+  c.kernel = r.int_in("kernel", c.kernel, 1, 15);
+  c.qk_ratio = static_cast<float>(r.num_in("qk_ratio", c.qk_ratio, 0.0, 4.0));
   r.done();
   RELPOS_CHECK(c.heads >= 1 && c.kernel >= 1 && c.kernel % 2 == 1 && c.qk_ratio > 0,
                where << ": heads must be positive and kernel odd");
@@ -108,11 +139,14 @@ ModelConfig ModelConfig::from_json(const json& j) {
   Reader r(j, "model config");
   ModelConfig c;
   c.name = r.get<std::string>("name", c.name);
-  c.in_chans = r.get("in_chans", c.in_chans);
-  c.num_classes = r.get("num_classes", c.num_classes);
-  const auto size = r.get<std::vector<int>>("input_size", {c.input_size[0], c.input_size[1]});
-  RELPOS_CHECK(size.size() == 2 && size[0] > 0 && size[1] > 0, "model config: input_size must be [height, width]");
-  c.input_size = {size[0], size[1]};
+  RELPOS_CHECK(c.name.size() <= 128, "model config: name is longer than 128 characters");
+  c.in_chans = r.int_in("in_chans", c.in_chans, 1, 3);
+  c.num_classes = r.int_in("num_classes", c.num_classes, 1, 100000);
+  if (r.has("input_size")) {
+    const json& size = r.raw("input_size");
+    RELPOS_CHECK(size.is_array() && size.size() == 2, "model config: input_size must be [height, width]");
+    c.input_size = {r.check_int("input_size[0]", size[0], 1, 4096), r.check_int("input_size[1]", size[1], 1, 4096)};
+  }
   c.act = parse_act(r.get<std::string>("act", to_string(c.act)));
   c.zero_init_last = r.get("zero_init_last", c.zero_init_last);
   RELPOS_CHECK(c.in_chans > 0 && c.num_classes > 0, "model config: in_chans and num_classes must be positive");
@@ -121,9 +155,9 @@ ModelConfig ModelConfig::from_json(const json& j) {
   {
     Reader s(r.raw("stem"), "model config: stem");
     c.stem.type = s.get<std::string>("type", c.stem.type);
-    c.stem.chs = s.need<int>("chs");
-    c.stem.kernel = s.get("kernel", c.stem.kernel);
-    c.stem.stride = s.get("stride", c.stem.stride);
+    c.stem.chs = s.need_int_in("chs", 8, 1024);
+    c.stem.kernel = s.int_in("kernel", c.stem.kernel, 1, 15);
+    c.stem.stride = s.int_in("stride", c.stem.stride, 1, 4);
     c.stem.pool = s.get<std::string>("pool", c.stem.pool);
     if (c.stem.pool == "none") c.stem.pool.clear();
     s.done();
@@ -134,7 +168,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
     RELPOS_CHECK(c.stem.chs >= 8 && c.stem.kernel >= 1 && c.stem.stride >= 1, "model config: bad stem");
   }
   const json& stages = r.raw("stages");
-  RELPOS_CHECK(stages.is_array() && !stages.empty(), "model config: stages must be a non-empty array");
+  RELPOS_CHECK(stages.is_array() && !stages.empty() && stages.size() <= 16,
+               "model config: stages must be an array of 1 to 16 stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const std::string where = "model config: stages[" + std::to_string(i) + "]";
     Reader s(stages[i], where);
@@ -144,15 +179,15 @@ ModelConfig ModelConfig::from_json(const json& j) {
       types = s.need<std::vector<std::string>>("types");
     } else {
       const auto type = s.need<std::string>("type");
-      types.assign(static_cast<std::size_t>(s.get("depth", 1)), type);
+      types.assign(static_cast<std::size_t>(s.int_in("depth", 1, 1, 64)), type);
     }
-    RELPOS_CHECK(!types.empty(), where << ": a stage needs at least one block");
+    RELPOS_CHECK(!types.empty() && types.size() <= 64, where << ": a stage needs 1 to 64 blocks");
     if (s.has("depth") && s.has("types"))
-      RELPOS_CHECK(s.get("depth", 0) == static_cast<int>(types.size()), where << ": depth does not match types");
-    const int chs = s.need<int>("chs");
-    const int stride = s.get("stride", 1);
-    const double br = s.get("br", 0.25);
-    const int gs = s.get("group_size", 0);
+      RELPOS_CHECK(s.int_in("depth", 0, 1, 64) == static_cast<int>(types.size()), where << ": depth does not match types");
+    const int chs = s.need_int_in("chs", 1, 8192);
+    const int stride = s.int_in("stride", 1, 1, 2);
+    const double br = s.num_in("br", 0.25, 0.0, 4.0);
+    const int gs = s.int_in("group_size", 0, 0, 8192);
     RELPOS_CHECK(chs > 0 && (stride == 1 || stride == 2) && br > 0 && gs >= 0,
                  where << ": chs must be positive, stride 1 or 2, br positive");
     st.self_attn = s.has("self_attn") ? read_self_attn(s.raw("self_attn"), c.self_attn, where + ".self_attn") : c.self_attn;
@@ -248,6 +283,78 @@ ModelConfig ModelConfig::load(const std::string& path_or_name) {
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": unexpected JSON structure in the model config (" << e.what() << ")");
   }
+}
+
+ModelConfig::Estimate ModelConfig::estimate() const {
+  // Mirrors Network's construction (src/model/network.cpp, src/layers/) in doubles: no overflow.
+  Estimate e;
+  double params = 0.0, peak = 0.0;
+  const auto conv = [&](double cin, double cout, double k, double groups) {
+    params += cin / groups * cout * k * k + 4.0 * cout;  // weights + batch norm (weight, bias, mean, var)
+  };
+  const double H0 = input_size[0], W0 = input_size[1];
+  double c = stem.chs;
+  if (stem.type == "tiered") {
+    conv(in_chans, 3.0 * c / 8, 3, 1), conv(3.0 * c / 8, c / 2, 3, 1), conv(c / 2, c, 3, 1);
+  } else {
+    conv(in_chans, c, stem.kernel, 1);
+  }
+  const double reduction = (stem.type == "tiered" ? 2.0 : stem.stride) * (stem.pool.empty() ? 1.0 : 2.0);
+  double fh = std::max(1.0, std::floor(H0 / reduction)), fw = std::max(1.0, std::floor(W0 / reduction));
+  peak = std::max(peak, (in_chans + c) * H0 * W0);
+  double prev = c;
+  for (const StageConfig& st : stages)
+    for (const BlockConfig& b : st.blocks) {
+      const double mid = make_divisible(b.chs * b.br);
+      conv(prev, mid, 1, 1);
+      double attn = 0.0;
+      if (b.type == "bottle") {
+        conv(mid, mid, 3, b.group_size > 0 ? std::max(1.0, mid / b.group_size) : 1.0);
+      } else {
+        const bool bot = b.type == "self_attn";
+        const int heads = bot ? st.self_attn.heads : st.sasa.heads;
+        const double qk = bot ? st.self_attn.qk_ratio : st.sasa.qk_ratio;
+        const double dqk = std::floor(make_divisible(mid * qk) / heads);
+        params += mid * (2.0 * dqk * heads + mid);  // the qkv projection
+        const double n = fh * fw;
+        if (bot) {
+          const SelfAttnConfig& a = st.self_attn;
+          const double tables = a.pos == PosEncoding::Relative
+                                    ? (a.clip ? 2.0 * (2 * a.clip + 1) : (2 * fh - 1) + (2 * fw - 1)) * dqk
+                                : a.pos == PosEncoding::Absolute ? n * dqk
+                                                                 : 0.0;
+          params += tables * (a.per_head ? heads : 1);
+          attn = heads * n * n + heads * n * ((2 * fh - 1) + (2 * fw - 1));  // probabilities + q.R tables
+        } else {
+          params += 2.0 * st.sasa.kernel * dqk / 2;
+          attn = heads * n * st.sasa.kernel * st.sasa.kernel;
+        }
+        params += 4.0 * mid;  // the attention's batch norm
+      }
+      conv(mid, b.chs, 1, 1);
+      if (prev != b.chs || b.stride != 1) conv(prev, b.chs, 1, 1);
+      const double act = std::max({prev, mid * 3.0, static_cast<double>(b.chs)}) * fh * fw;
+      peak = std::max(peak, 3.0 * act + attn);
+      prev = b.chs;
+      if (b.stride > 1) fh = std::max(1.0, std::floor(fh / b.stride)), fw = std::max(1.0, std::floor(fw / b.stride));
+    }
+  params += prev * num_classes + num_classes;
+  e.params = params;
+  e.param_bytes = 4.0 * params;
+  e.working_bytes = 4.0 * peak;
+  return e;
+}
+
+void ModelConfig::check_memory() const {
+  const char* env = std::getenv("RELPOS_MAX_MODEL_GB");
+  const double limit_gb = env ? std::atof(env) : 16.0;
+  const Estimate e = estimate();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  RELPOS_CHECK(e.total_bytes() <= limit_gb * gib,
+               "model config '" << name << "': a network of " << e.params / 1e6 << " M parameters needs an estimated "
+                                << e.total_bytes() / gib << " GiB (parameters " << e.param_bytes / gib
+                                << " GiB, one image's working set " << e.working_bytes / gib << " GiB), over the limit of "
+                                << limit_gb << " GiB; set RELPOS_MAX_MODEL_GB (or relpos --max-model-gb) to allow it");
 }
 
 bool ModelConfig::fixed_input_size() const {

@@ -63,6 +63,7 @@ struct Network::Impl {
 
 Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  config.check_memory();  // before anything is allocated
   m.config = config;
   m.stem = std::make_unique<Stem>(config.stem, config.in_chans, config.act);
   int prev = m.stem->out_channels();

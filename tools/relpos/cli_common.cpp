@@ -20,10 +20,14 @@ void RunOptions::add(CLI::App* app) {
   app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
   app->add_option("--threads", threads, "CPU threads (default: all cores; 1 to " + std::to_string(kMaxThreads) + ")")
       ->check(CLI::Range(0, kMaxThreads));
+  app->add_option("--max-model-gb", max_model_gb,
+                  "Allow models whose estimated memory (relpos info shows it) is up to this many GiB (default 16)")
+      ->check(CLI::PositiveNumber);
 }
 
 Device RunOptions::apply() const {
   set_threads(threads);
+  if (max_model_gb > 0) setenv("RELPOS_MAX_MODEL_GB", std::to_string(max_model_gb).c_str(), 1);
   const Device d = parse_device(device);
   if (d == Device::CUDA && !cuda_available()) {
 #ifdef RELPOS_WITH_CUDA

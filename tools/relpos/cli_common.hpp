@@ -37,6 +37,7 @@ class UsageError : public Error {
 struct RunOptions {
   std::string device = "cpu";
   int threads = 0;
+  double max_model_gb = 0;  // 0: the library's limit (RELPOS_MAX_MODEL_GB, else 16 GiB)
   void add(CLI::App* app);
   // Sets the thread count and checks that the device exists; returns it.
   Device apply() const;

@@ -41,6 +41,12 @@ void run(const InfoArgs& a) {
   }
   std::cout << std::fixed << std::setprecision(2) << "total: " << static_cast<double>(net.num_params()) / 1e6
             << " M parameters, " << static_cast<double>(macs) / 1e9 / a.batch << " GMACs per image\n";
+  {
+    const ModelConfig::Estimate e = net.config().estimate();
+    std::cout << std::setprecision(1) << "memory estimate: " << e.param_bytes / (1 << 20) << " MiB of parameters + "
+              << e.working_bytes / (1 << 20) << " MiB working set per image (checked against RELPOS_MAX_MODEL_GB, "
+              << "default 16 GiB, before a network is built)\n";
+  }
   std::cout << "preprocessing: " << model.preprocess().describe() << "\n";
   std::cout << "as flags: " << preprocess_flags(model.preprocess()) << "\n";
   std::cout << "labels: ";
