@@ -25,6 +25,7 @@ class ConvNormAct : public Module {
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
 
+  using Module::init;  // the one-argument form stays visible
   void init(Init& init, bool zero_gamma);
   int out_channels() const { return out_; }
   // The first layer of a network needs no input gradient.

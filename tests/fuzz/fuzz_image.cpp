@@ -1,0 +1,22 @@
+// libFuzzer: image decoding (our PNG chunk/CRC and JPEG checks, then OpenCV) and timm-style
+// preprocessing of what decodes (Pillow resampling, crop, normalisation).
+#include <cstdint>
+#include <string>
+
+#include "io/image_file.hpp"
+#include "relpos/error.hpp"
+#include "relpos/preprocess.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  try {
+    const cv::Mat img = relpos::detail::decode_image_bytes(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+    if (static_cast<double>(img.total()) > 4e6) return 0;  // keep each run quick
+    relpos::Preprocess p;
+    p.height = 64, p.width = 48;
+    p.interpolation = size % 2 ? "bicubic" : "bilinear";
+    p.crop_mode = size % 3 == 0 ? "squash" : size % 3 == 1 ? "border" : "center";
+    (void)relpos::make_batch({img}, p);
+  } catch (const relpos::Error&) {
+  }
+  return 0;
+}
