@@ -14,8 +14,10 @@ struct CliRun {
   std::string out;   // stdout and stderr together unless stdout_only
 };
 
-inline CliRun run_cli(const std::string& args, bool stdout_only = false) {
-  const std::string cmd = std::string(RELPOS_CLI_PATH) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+// env: "NAME=value ..." set for this run only.
+inline CliRun run_cli(const std::string& args, bool stdout_only = false, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? std::string() : "env " + env + " ") + std::string(RELPOS_CLI_PATH) + " " + args +
+                          (stdout_only ? " 2>/dev/null" : " 2>&1");
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

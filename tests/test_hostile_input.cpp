@@ -16,6 +16,7 @@
 #include "relpos/model.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
+#include "cli_run.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -153,4 +154,15 @@ TEST_CASE("configs: out-of-range, fractional and huge values are errors naming t
   const Model m = Model::create(test::source_dir() + "/models/botnet26t_256.json");
   const double real = static_cast<double>(m.network().num_params());
   CHECK(std::abs(m.network().config().estimate().params - real) < 0.01 * real);
+}
+
+TEST_CASE("IDX reproducer through the CLI: relpos eval on a hostile Fashion-MNIST folder exits 1 naming the file") {
+  test::TempDir dir;
+  // the files need not be gzip: zlib reads plain files too
+  write_idx(dir.file("t10k-images-idx3-ubyte.gz"), {8, 1824726041u, 1263665316u}, 32);
+  write_idx(dir.file("t10k-labels-idx1-ubyte.gz"), {8}, 8);
+  const auto r = test::run_cli("eval -m " + test::source_dir() + "/models/botnet-fmnist.json --data fashion-mnist",
+                               false, "RELPOS_FASHION_MNIST=" + dir.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("t10k-images-idx3-ubyte.gz") != std::string::npos);
 }

@@ -4,6 +4,7 @@
 # what is missing and rebuilds what changed.
 #   RELPOS_CMAKE_ARGS="-DRELPOS_SANITIZE=ON" tools/setup.sh   # extra CMake options
 #   RELPOS_BUILD_DIR=build-asan tools/setup.sh                 # another build folder
+#   RELPOS_WITH_FUZZ=1 tools/setup.sh                          # also clang, for tools/fuzz/run_fuzzers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ packages=(
   doctest-dev libbenchmark-dev
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
 )
+[ "${RELPOS_WITH_FUZZ:-0}" = 1 ] && packages+=(clang)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
