@@ -4,6 +4,7 @@
 #include <opencv2/imgproc.hpp>
 #include <omp.h>
 
+#include <random>
 #include <thread>
 
 #include "relpos/error.hpp"
@@ -146,4 +147,17 @@ TEST_CASE("set_num_threads holds in threads started later; features() takes a ba
     }
   }
   CHECK_THROWS_AS(m.features(std::vector<cv::Mat>{}), Error);
+}
+
+TEST_CASE("one OpCache used with two weight tensors gives each its own result, not a stale plan") {
+  std::mt19937 rng(11);
+  const Tensor x = test::random_tensor({1, 4, 6, 5}, rng).channels_last();
+  const Tensor w1 = test::random_tensor({3, 4, 3, 3}, rng), w2 = test::random_tensor({3, 4, 3, 3}, rng);
+  OpCache cache;
+  const ops::ConvSpec spec{1, 1, 1};
+  const Tensor y1 = ops::conv2d(x, w1, nullptr, spec, {}, &cache);
+  const Tensor y2 = ops::conv2d(x, w2, nullptr, spec, {}, &cache);
+  CHECK(test::max_abs_diff(y1, ops::conv2d(x, w1, nullptr, spec)) == 0.0f);
+  CHECK(test::max_abs_diff(y2, ops::conv2d(x, w2, nullptr, spec)) == 0.0f);
+  CHECK(test::max_abs_diff(y1, y2) > 0.0f);
 }

@@ -122,13 +122,14 @@ class DataLoader {
  private:
   void stop();
   void work();
-  Batch make(std::size_t batch_index);
+  // Works on the epoch's own snapshot: start_epoch() may replace the order meanwhile.
+  Batch make(std::size_t batch_index, const std::vector<std::size_t>& order, int epoch);
 
   const Dataset& data_;
   Preprocess pre_;
   Options opt_;
   int epoch_ = 0;
-  std::vector<std::size_t> order_;
+  std::shared_ptr<const std::vector<std::size_t>> order_;  // replaced, never changed, by start_epoch
   std::size_t next_make_ = 0, next_take_ = 0, end_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;

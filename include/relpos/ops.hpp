@@ -4,6 +4,7 @@
 // references. 4-D activations are taken in either layout and returned ChannelsLast.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,22 +19,24 @@ Act parse_act(const std::string& s);  // "relu" | "silu" | "none" | "identity"
 std::string to_string(Act a);
 
 // Per-layer cache of backend plans (oneDNN primitives with their reordered weights, cuDNN
-// descriptors and algorithms), keyed by input shape. Layers own one; clear() it whenever the
-// weights change. Safe to share between threads.
+// descriptors and algorithms), keyed by input shape. Layers own one. Plans hold a copy of the
+// weights: the cache empties itself when a different weight tensor comes (ops::conv2d tells it),
+// but a change to the same tensor's values needs clear(). Safe to share between threads.
 class OpCache {
  public:
   std::shared_ptr<void> find(const std::string& key) const;
   void put(const std::string& key, std::shared_ptr<void> plan);
   void clear();
+  // Empties the cache if its plans were made for other weights than these.
+  void use_weights(const void* data, std::int64_t numel);
 
  private:
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<void>> plans_;
+  const void* weights_ = nullptr;
+  std::int64_t weights_numel_ = 0;
 };
 
-// Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
-// products (faster, about 3 significant digits). Off by default, so that GPU results match the
-// CPU and timm to float32 rounding. The CPU backend always computes in float32.
 // CPU threads for relpos's work (OpenMP regions and oneDNN), process-wide. n = 0 (the default)
 // leaves OpenMP's own default (OMP_NUM_THREADS, else all cores). Each relpos call applies the
 // setting to the calling thread, so it also holds in threads the application starts later. An
@@ -44,6 +47,9 @@ int num_threads();  // the setting (0: OpenMP's default)
 namespace detail {
 void apply_thread_setting();  // internal: makes the calling thread use the setting
 }
+// Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
+// products (faster, about 3 significant digits). Off by default, so that GPU results match the
+// CPU and timm to float32 rounding. The CPU backend always computes in float32.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

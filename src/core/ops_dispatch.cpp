@@ -73,6 +73,14 @@ void OpCache::clear() {
   plans_.clear();
 }
 
+void OpCache::use_weights(const void* data, std::int64_t numel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (data == weights_ && numel == weights_numel_) return;
+  plans_.clear();
+  weights_ = data;
+  weights_numel_ = numel;
+}
+
 namespace ops {
 namespace {
 void same_device(const char* op, const Tensor& x, std::initializer_list<const Tensor*> others) {
@@ -86,6 +94,7 @@ void same_device(const char* op, const Tensor& x, std::initializer_list<const Te
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
               const Epilogue& epilogue, OpCache* cache) {
   same_device("conv2d", x, {&w, bias, epilogue.residual});
+  if (cache) cache->use_weights(w.data(), w.numel());
   RELPOS_DISPATCH(x, conv2d, x, w, bias, spec, epilogue, cache);
 }
 ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec, bool need_dx) {

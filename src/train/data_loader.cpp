@@ -101,12 +101,13 @@ void DataLoader::start_epoch(int epoch, std::size_t start_batch) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++generation_;
   epoch_ = epoch;
-  order_.resize(data_.size());
-  std::iota(order_.begin(), order_.end(), std::size_t{0});
-  if (opt_.shuffle) {
+  auto order = std::make_shared<std::vector<std::size_t>>(data_.size());
+  std::iota(order->begin(), order->end(), std::size_t{0});
+  if (opt_.shuffle && order->size() > 1) {
     Rng rng{mix_seed(opt_.seed, static_cast<std::uint64_t>(epoch), ~0ull)};
-    for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng.next() % (i + 1)]);
+    for (std::size_t i = order->size() - 1; i > 0; --i) std::swap((*order)[i], (*order)[rng.next() % (i + 1)]);
   }
+  order_ = std::move(order);  // workers still holding the old one keep it alive
   end_ = batches_per_epoch();
   next_make_ = next_take_ = std::min(start_batch, end_);
   ready_.clear();
@@ -114,9 +115,9 @@ void DataLoader::start_epoch(int epoch, std::size_t start_batch) {
   cv_.notify_all();
 }
 
-Batch DataLoader::make(std::size_t index) {
+Batch DataLoader::make(std::size_t index, const std::vector<std::size_t>& order, int epoch) {
   const std::size_t b = static_cast<std::size_t>(opt_.batch);
-  const std::size_t begin = index * b, end = std::min(order_.size(), begin + b);
+  const std::size_t begin = index * b, end = std::min(order.size(), begin + b);
   const int c = pre_.in_chans();
   const std::size_t per = static_cast<std::size_t>(pre_.height) * pre_.width * c;
   std::vector<float> pixels;
@@ -124,7 +125,7 @@ Batch DataLoader::make(std::size_t index) {
   Batch out;
   out.first = begin;
   for (std::size_t k = begin; k < end; ++k) {
-    const std::size_t i = order_[k];
+    const std::size_t i = order[k];
     if (bad_[i]) continue;
     Tensor one;
     try {
@@ -137,7 +138,7 @@ Batch DataLoader::make(std::size_t index) {
       continue;
     }
     augment_image(one.data(), pre_.height, pre_.width, c, opt_.augment, fill_.data(),
-                  mix_seed(opt_.seed, static_cast<std::uint64_t>(epoch_), i));
+                  mix_seed(opt_.seed, static_cast<std::uint64_t>(epoch), i));
     pixels.insert(pixels.end(), one.data(), one.data() + per);
     out.labels.push_back(data_.label(i));
   }
@@ -155,11 +156,13 @@ void DataLoader::work() {
     if (stopping_) return;
     const std::size_t index = next_make_++;
     const std::uint64_t gen = generation_;
+    const std::shared_ptr<const std::vector<std::size_t>> order = order_;  // this epoch's, under the lock
+    const int epoch = epoch_;
     lock.unlock();
     Batch b;
     std::string error;
     try {
-      b = make(index);
+      b = make(index, *order, epoch);
     } catch (const std::exception& e) {
       error = e.what();
     }
