@@ -55,17 +55,24 @@ __global__ void partial_sums_kernel(const float* a, const float* b, const float*
   }
 }
 
+// Adds a channel's partials over the chunks, in chunk order.
+__device__ void sum_partials(const double* part1, const double* part2, std::int64_t chunks, std::int64_t c,
+                             std::int64_t ch, double& s1, double& s2) {
+  s1 = 0.0, s2 = 0.0;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    s1 += part1[k * c + ch];
+    s2 += part2[k * c + ch];
+  }
+}
+
 // Training statistics: mean, 1/sqrt(var + eps) (biased var), running stats (unbiased var).
 __global__ void bn_stats_kernel(const double* part1, const double* part2, std::int64_t chunks, std::int64_t m,
                                 std::int64_t c, float eps, float momentum, float* mean, float* inv_std,
                                 float* running_mean, float* running_var) {
   const std::int64_t ch = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
-  double s = 0.0, sq = 0.0;
-  for (std::int64_t k = 0; k < chunks; ++k) {
-    s += part1[k * c + ch];
-    sq += part2[k * c + ch];
-  }
+  double s, sq;
+  sum_partials(part1, part2, chunks, c, ch, s, sq);
   const double mu = s / static_cast<double>(m);
   const double var = std::max(0.0, sq / static_cast<double>(m) - mu * mu);
   mean[ch] = static_cast<float>(mu);
@@ -94,11 +101,8 @@ __global__ void bn_grad_params_kernel(const double* part1, const double* part2, 
                                       const float* inv_std, float* dgamma, float* dbeta) {
   const std::int64_t ch = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
-  double s = 0.0, sx = 0.0;
-  for (std::int64_t k = 0; k < chunks; ++k) {
-    s += part1[k * c + ch];
-    sx += part2[k * c + ch];
-  }
+  double s, sx;
+  sum_partials(part1, part2, chunks, c, ch, s, sx);
   dbeta[ch] = static_cast<float>(s);
   dgamma[ch] = static_cast<float>(sx * inv_std[ch]);
 }

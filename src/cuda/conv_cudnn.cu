@@ -122,6 +122,22 @@ AlgoChoice<Algo> choose(const Geometry& g, Query&& query) {
   return c;
 }
 
+// cuDNN's heuristic query for one kind of algorithm (forward, backward filter, backward data):
+// the first usable one and its workspace size, remembered per geometry.
+template <typename Perf, typename Query, typename WorkspaceOf>
+auto choose_algo(const Geometry& g, int count, const char* what, Query&& query, WorkspaceOf&& workspace_of) {
+  using Algo = decltype(Perf{}.algo);
+  return choose<Algo>(g, [&] {
+    std::vector<Perf> perfs(static_cast<std::size_t>(count));
+    int returned = 0;
+    RELPOS_CUDNN_CHECK(query(count, &returned, perfs.data()));
+    AlgoChoice<Algo> c;
+    c.algo = pick(perfs, returned, what).algo;
+    RELPOS_CUDNN_CHECK(workspace_of(c.algo, &c.ws));
+    return c;
+  });
+}
+
 struct Plan {
   explicit Plan(const Geometry& g) : d(g) {}
   Descs d;
@@ -133,17 +149,15 @@ struct Plan {
 std::shared_ptr<Plan> make_plan(const Geometry& g, const Tensor& w, const Tensor* bias, bool fused_relu) {
   auto plan = std::make_shared<Plan>(g);
   cudnnHandle_t h = context().cudnn;
-  const auto choice = choose<cudnnConvolutionFwdAlgo_t>(g, [&] {
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    int returned = 0;
-    RELPOS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y,
-                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perfs.data()));
-    AlgoChoice<cudnnConvolutionFwdAlgo_t> c;
-    c.algo = pick(perfs, returned, "forward").algo;
-    RELPOS_CUDNN_CHECK(
-        cudnnGetConvolutionForwardWorkspaceSize(h, plan->d.x, plan->d.w, plan->d.conv, plan->d.y, c.algo, &c.ws));
-    return c;
-  });
+  const Descs& d = plan->d;
+  const auto choice = choose_algo<cudnnConvolutionFwdAlgoPerf_t>(
+      g, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, "forward",
+      [&](int n, int* returned, cudnnConvolutionFwdAlgoPerf_t* perfs) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, n, returned, perfs);
+      },
+      [&](cudnnConvolutionFwdAlgo_t a, std::size_t* ws) {
+        return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, a, ws);
+      });
   plan->algo = choice.algo;
   plan->ws = choice.ws;
   plan->w_krsc = to_krsc(w);
@@ -216,17 +230,14 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   const float one = 1.0f, zero = 0.0f;
   ops::ConvGrads grads;
   {
-    const auto choice = choose<cudnnConvolutionBwdFilterAlgo_t>(g, [&] {
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-      int returned = 0;
-      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w,
-                                                                       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
-                                                                       perfs.data()));
-      AlgoChoice<cudnnConvolutionBwdFilterAlgo_t> c;
-      c.algo = pick(perfs, returned, "backward-filter").algo;
-      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, c.algo, &c.ws));
-      return c;
-    });
+    const auto choice = choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, "backward-filter",
+        [&](int n, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perfs) {
+          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, n, returned, perfs);
+        },
+        [&](cudnnConvolutionBwdFilterAlgo_t a, std::size_t* ws) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, a, ws);
+        });
     const auto algo = choice.algo;
     const std::size_t ws = choice.ws;
     Tensor dw_krsc(w.shape(), Device::CUDA);
@@ -236,17 +247,14 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   }
   if (need_dx) {
     const Tensor w_krsc = to_krsc(w);
-    const auto choice = choose<cudnnConvolutionBwdDataAlgo_t>(g, [&] {
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-      int returned = 0;
-      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
-                                                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
-                                                                     perfs.data()));
-      AlgoChoice<cudnnConvolutionBwdDataAlgo_t> c;
-      c.algo = pick(perfs, returned, "backward-data").algo;
-      RELPOS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, c.algo, &c.ws));
-      return c;
-    });
+    const auto choice = choose_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
+        g, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, "backward-data",
+        [&](int n, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
+          return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, n, returned, perfs);
+        },
+        [&](cudnnConvolutionBwdDataAlgo_t a, std::size_t* ws) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, a, ws);
+        });
     const auto algo = choice.algo;
     const std::size_t ws = choice.ws;
     grads.dx = Tensor(x.shape(), Device::CUDA, Layout::ChannelsLast);
