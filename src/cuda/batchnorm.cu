@@ -120,7 +120,6 @@ __global__ void bn_dx_kernel(const float* x, const float* dy, const float* gamma
   }
 }
 
-unsigned grid_for(std::int64_t n) { return std::min<unsigned>(blocks_for(n), 8192); }
 
 void check4(const Tensor& x, const char* what) {
   require_cuda(x, what);

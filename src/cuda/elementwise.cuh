@@ -1,9 +1,18 @@
 // Internal: elementwise helpers of the CUDA backend.
 #pragma once
 
+#include <algorithm>
+
+#include "cuda/cuda_common.hpp"
 #include "relpos/ops.hpp"
 
 namespace relpos::cuda {
+
+// A grid-stride loop over n elements, and a grid for it (at most 8192 blocks of 256 threads).
+#define RELPOS_GRID_LOOP(i, n)                                                                    \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+inline unsigned grid_for(std::int64_t n) { return std::min<unsigned>(blocks_for(n), 8192); }
 
 // Activation codes for kernels: 0 none, 1 ReLU, 2 SiLU.
 inline int code(Act a) { return a == Act::ReLU ? 1 : a == Act::SiLU ? 2 : 0; }
@@ -24,8 +33,4 @@ __device__ __forceinline__ float act_grad(float x, int act) {
 }
 
 void apply_activation_inplace(Tensor& t, Act act);
-// y[i, j] += b[j] for a row-major (rows, cols) matrix
-void add_row_bias(float* y, const float* b, std::int64_t rows, std::int64_t cols);
-// out[j] = sum_i m[i, j]
-void column_sums(const float* m, float* out, std::int64_t rows, std::int64_t cols);
 }  // namespace relpos::cuda
