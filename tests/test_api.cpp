@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "relpos/error.hpp"
+#include "core/ops_internal.hpp"
 #include "relpos/model.hpp"
 #include "relpos/ops.hpp"
 #include "test_util.hpp"
@@ -49,7 +50,7 @@ TEST_CASE("tta hflip averages the logits of the image and its mirror; it round-t
   cv::flip(img, mirror, 1);
   const auto plain = m.logits(make_batch({img}, m.preprocess())).to_vector();
   const auto flipped = m.logits(make_batch({mirror}, m.preprocess())).to_vector();
-  p.tta = "hflip";
+  p.tta = Tta::HFlip;
   m.set_preprocess(p);
   // channels-last and contiguous batches of two images give the same means
   const Tensor batch = make_batch({img, mirror}, m.preprocess());
@@ -62,11 +63,11 @@ TEST_CASE("tta hflip averages the logits of the image and its mirror; it round-t
     }
   }
   CHECK(m.classify(img, 1)[0].index == m.classify(mirror, 1)[0].index);
-  CHECK(Preprocess::from_json(m.preprocess().to_json()).tta == "hflip");
+  CHECK(Preprocess::from_json(m.preprocess().to_json()).tta == Tta::HFlip);
   CHECK(m.preprocess().describe().find("mirror") != std::string::npos);
   nlohmann::json bad = m.preprocess().to_json();
   bad["tta"] = "rotate";
-  CHECK_THROWS_WITH_AS(Preprocess::from_json(bad), doctest::Contains("tta must be none or hflip"), Error);
+  CHECK_THROWS_WITH_AS(Preprocess::from_json(bad), doctest::Contains("key 'tta' is \"rotate\" (expected none or hflip)"), Error);
 }
 
 TEST_CASE("features() gives the stem map and every stage's map, like timm's features_only") {

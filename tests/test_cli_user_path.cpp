@@ -96,7 +96,7 @@ TEST_CASE("convert keeps the preprocessing and labels it read; info prints them 
     // a flag given to convert is written, the rest stays
     REQUIRE(run_cli("convert " + in + " " + d.file("bgr.json") + " --tta hflip").status == 0);
     const Preprocess p = Model::load(d.file("bgr.json")).preprocess();
-    CHECK(p.tta == "hflip");
+    CHECK(p.tta == Tta::HFlip);
     CHECK(p.channels == ref.preprocess().channels);
     CHECK(p.crop == ref.preprocess().crop);
     CHECK(p.interpolation == ref.preprocess().interpolation);

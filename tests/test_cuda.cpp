@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "relpos/attention_ops.hpp"
+#include "core/ops_internal.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
 #include "relpos/ops.hpp"

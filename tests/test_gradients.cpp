@@ -9,6 +9,7 @@
 #include "layers/blocks.hpp"
 #include "layers/stem_and_head.hpp"
 #include "relpos/ops.hpp"
+#include "core/ops_internal.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;

@@ -37,11 +37,11 @@ const json& golden() {
 Preprocess preprocess_of(const json& c) {
   Preprocess p;
   p.height = c["input_size"][0], p.width = c["input_size"][1];
-  p.channels = "RGB";
+  p.channels = ChannelOrder::RGB;
   p.crop = true;
   p.crop_pct = c["crop_pct"];
-  p.crop_mode = c["crop_mode"];
-  p.interpolation = c["interpolation"];
+  p.crop_mode = parse_crop_mode(c["crop_mode"]);
+  p.interpolation = parse_interpolation(c["interpolation"]);
   for (int i = 0; i < 3; ++i) p.mean[i] = c["mean"][i], p.std[i] = c["std"][i];
   return p;
 }
@@ -87,13 +87,13 @@ TEST_CASE("botnet26t_256's shipped preprocessing is timm's pretrained config") {
   const Model m = Model::create("botnet26t_256");
   const json& cfg = golden()["model_cfg"];
   const Preprocess& p = m.preprocess();
-  CHECK(p.channels == "RGB");
+  CHECK(p.channels == ChannelOrder::RGB);
   CHECK(p.crop);
   CHECK(p.height == cfg["input_size"][1]);
   CHECK(p.width == cfg["input_size"][2]);
   CHECK(p.crop_pct == doctest::Approx(cfg["crop_pct"].get<double>()));
-  CHECK(p.crop_mode == cfg["crop_mode"]);
-  CHECK(p.interpolation == cfg["interpolation"]);
+  CHECK(to_string(p.crop_mode) == cfg["crop_mode"].get<std::string>());
+  CHECK(p.interpolation == parse_interpolation(cfg["interpolation"]));
   for (int i = 0; i < 3; ++i) {
     CHECK(p.mean[i] == doctest::Approx(cfg["mean"][i].get<double>()));
     CHECK(p.std[i] == doctest::Approx(cfg["std"][i].get<double>()));

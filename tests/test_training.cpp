@@ -6,11 +6,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "relpos/optim.hpp"
+#include "relpos/runtime.hpp"
 #include "relpos/trainer.hpp"
 #include "test_util.hpp"
 
@@ -36,7 +38,6 @@ TrainOptions small_run(const std::string& data, const std::string& out) {
   o.lr = 0.05f;
   o.warmup_epochs = 0.5f;
   o.out = out;
-  o.progress = false;
   o.augment = {1, true, 0.3f};
   o.seed = 3;
   return o;
@@ -178,13 +179,27 @@ TEST_CASE("image folders: classes from folder names; unreadable files are report
   lo.batch = 5;
   lo.drop_last = false;
   lo.shuffle = false;
-  DataLoader loader(*d, m.preprocess(), lo);
-  loader.start_epoch(0);
-  Batch b;
-  std::size_t seen = 0;
-  while (loader.next(b)) seen += b.labels.size();
-  CHECK(seen == 12);
-  CHECK(loader.skipped() == 1);
+  std::vector<std::string> messages;  // the skip goes to the application's log handler, once
+  std::mutex messages_mutex;
+  set_log_handler([&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(messages_mutex);
+    messages.push_back(m);
+  });
+  {
+    DataLoader loader(*d, m.preprocess(), lo);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      loader.start_epoch(epoch);
+      Batch b;
+      std::size_t seen = 0;
+      while (loader.next(b)) seen += b.labels.size();
+      CHECK(seen == 12);
+    }
+    CHECK(loader.skipped() == 1);
+  }
+  set_log_handler(nullptr);
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].find("skipped") != std::string::npos);
+  CHECK(messages[0].find("broken.png") != std::string::npos);
   fs::create_directories(dir.path + "/empty/x");
   CHECK_THROWS_WITH_AS(ImageFolderDataset(dir.path + "/empty"), doctest::Contains("holds no images"), Error);
   CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/nothing-here", "train"), doctest::Contains("not a folder"), Error);
@@ -255,7 +270,25 @@ TEST_CASE("training a few steps lowers the loss; the same seeds give the same we
     TrainOptions o = small_run(dir.path + "/data", dir.path + "/" + out);
     o.epochs = 8;
     o.augment = {1, false, 0.0f};
+    // progress reaches the caller as events (the library prints nothing itself)
+    std::size_t steps = 0, last_batch = 0, batches = 0;
+    std::vector<EpochLog> ends;
+    o.on_event = [&](const TrainEvent& e) {
+      if (e.kind == TrainEvent::Kind::Step) {
+        ++steps;
+        CHECK(e.epochs == 8);
+        CHECK(e.batch == (last_batch % e.batches) + 1);
+        last_batch = e.batch;
+        batches = e.batches;
+        CHECK((std::isfinite(e.loss) && e.acc >= 0 && e.acc <= 1 && e.eta_run >= e.eta_epoch));
+      } else if (e.kind == TrainEvent::Kind::EpochEnd) {
+        ends.push_back(e.log);
+      }
+    };
     const TrainResult r = train(m, o);
+    CHECK(steps == 8 * batches);
+    REQUIRE(ends.size() == r.history.size());
+    for (std::size_t i = 0; i < ends.size(); ++i) CHECK(ends[i].test_acc == r.history[i].test_acc);
     return std::make_pair(r, weights_of(m));
   };
   const auto [r1, w1] = run("a");
@@ -339,6 +372,20 @@ TEST_CASE("training options from an older checkpoint without newer keys load wit
   CHECK(back.lr == 0.25f);
   CHECK(back.checkpoint_minutes == TrainOptions{}.checkpoint_minutes);
   CHECK(back.augment.erase_max_area == TrainOptions{}.augment.erase_max_area);
+  // a key a newer relpos wrote is ignored; a known key with a bad value is an error naming it
+  j["some_future_option"] = 3;
+  j["optimizer"]["kind"] = "adamw";
+  CHECK(TrainOptions::from_json(j).optimizer.kind == OptimizerKind::AdamW);
+  j["optimizer"]["kind"] = "lion";
+  CHECK_THROWS_WITH_AS(TrainOptions::from_json(j), doctest::Contains("training options: optimizer: key 'kind'"), Error);
+  j["optimizer"]["kind"] = "sgd";
+  j["epochs"] = "ten";
+  CHECK_THROWS_WITH_AS(TrainOptions::from_json(j), doctest::Contains("key 'epochs' has the wrong type"), Error);
+  // every option survives a round trip
+  TrainOptions all;
+  all.epochs = 7, all.batch = 33, all.optimizer.kind = OptimizerKind::AdamW, all.augment.erase_prob = 0.5f;
+  all.seed = 99, all.out = "x/y", all.checkpoint_minutes = 0.5;
+  CHECK(TrainOptions::from_json(all.to_json()).to_json() == all.to_json());
 }
 
 TEST_CASE("evaluation: confusion matrix, per-class accuracy; wrong class counts are refused") {

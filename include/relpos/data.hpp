@@ -4,17 +4,10 @@
 // resumed from a checkpoint sees exactly the batches the uninterrupted run would have.
 #pragma once
 
-#include <array>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <opencv2/core.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "relpos/preprocess.hpp"
@@ -95,7 +88,7 @@ struct Batch {
 };
 
 // Produces the batches of one epoch on `workers` background threads (in order). Samples that
-// fail to decode are reported once on stderr and skipped.
+// fail to decode are reported once (relpos::set_log_handler) and skipped.
 class DataLoader {
  public:
   struct Options {
@@ -117,30 +110,11 @@ class DataLoader {
   void start_epoch(int epoch, std::size_t start_batch = 0);
   // The next batch of the epoch, or false at its end.
   bool next(Batch& out);
-  std::size_t skipped() const { return skipped_count_.load(); }
+  std::size_t skipped() const;  // samples found unreadable so far (reported once each, skipped)
 
  private:
-  void stop();
-  void work();
-  // Works on the epoch's own snapshot: start_epoch() may replace the order meanwhile.
-  Batch make(std::size_t batch_index, const std::vector<std::size_t>& order, int epoch);
-
-  const Dataset& data_;
-  Preprocess pre_;
-  Options opt_;
-  int epoch_ = 0;
-  std::shared_ptr<const std::vector<std::size_t>> order_;  // replaced, never changed, by start_epoch
-  std::size_t next_make_ = 0, next_take_ = 0, end_ = 0;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<std::size_t, Batch> ready_;
-  std::map<std::size_t, std::string> errors_;  // batches that could not be assembled
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
-  std::uint64_t generation_ = 0;  // bumped by start_epoch; stale work is dropped
-  std::unique_ptr<std::atomic<bool>[]> bad_;  // samples known to be unreadable
-  std::atomic<std::size_t> skipped_count_{0};
-  std::array<float, 3> fill_{};  // the value of a black pixel after preprocessing
+  struct Impl;  // threads, queue and locks: src/train/data_loader.cpp
+  std::unique_ptr<Impl> impl_;
 };
 
 // Deterministic per-sample randomness: a generator seeded from (seed, epoch, index).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "relpos/network.hpp"
+#include "relpos/runtime.hpp"
 #include "relpos/preprocess.hpp"
 
 namespace relpos {
@@ -29,6 +30,7 @@ struct LoadOptions {
   // path or the name of a shipped config ("botnet26t_256").
   std::string config;
   Device device = Device::CPU;
+  std::uint32_t seed = 0;  // Model::open of a config: the random weights' seed
 };
 
 enum class TensorEncoding { Base64, Numbers };
@@ -41,6 +43,10 @@ class Model {
   static Model load(const std::string& path, const LoadOptions& options = {});
   // A fresh model (random weights drawn with `seed`) from a config path or shipped name.
   static Model create(const std::string& config, std::uint32_t seed = 0);
+  // Whatever the argument names: a weights file (as load), or a config file or shipped config
+  // name (as create, with random weights). What a file holds is read from its contents, not its
+  // name. Implemented with the rest of Model in src/model/model.cpp.
+  static Model open(const std::string& path_or_name, const LoadOptions& options = {});
   Model(Network network, std::vector<std::string> labels, Preprocess preprocess);
 
   // The weights JSON of docs/formats.md (written atomically).

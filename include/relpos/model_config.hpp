@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,12 +24,26 @@
 
 namespace relpos {
 
+// "tiered": 3x3/2 -> 3x3 -> 3x3 convolutions to 3c/8, c/2, c channels; "conv": one kxk convolution.
+enum class StemType : std::uint8_t { Tiered, Conv };
+// "maxpool": a 3x3/2 max pool with padding 1 after the stem's convolutions; "none".
+enum class StemPool : std::uint8_t { None, MaxPool };
+// "bottle": a ResNet bottleneck; "self_attn": BoTNet global attention; "sasa": k x k local attention.
+enum class BlockType : std::uint8_t { Bottle, SelfAttn, Sasa };
+// The names the config files use (parse_* throws relpos::Error listing the known names).
+std::string to_string(StemType t);
+std::string to_string(StemPool p);
+std::string to_string(BlockType t);
+StemType parse_stem_type(const std::string& s);
+StemPool parse_stem_pool(const std::string& s);
+BlockType parse_block_type(const std::string& s);
+
 struct StemConfig {
-  std::string type = "tiered";  // "tiered": 3x3/2 -> 3x3 -> 3x3 to 3c/8, c/2, c; "conv": one kxk conv
+  StemType type = StemType::Tiered;
   int chs = 64;
   int kernel = 3;  // "conv" stem only
   int stride = 2;  // "conv" stem only ("tiered" is always 2)
-  std::string pool = "maxpool";  // "maxpool" (3x3/2 pad 1) or "" / "none"
+  StemPool pool = StemPool::MaxPool;
   bool operator==(const StemConfig& o) const;
 };
 
@@ -52,7 +67,7 @@ struct SasaConfig {
 };
 
 struct BlockConfig {
-  std::string type;  // "bottle" | "self_attn" | "sasa"
+  BlockType type = BlockType::Bottle;
   int chs = 0;
   int stride = 1;  // only the first block of a stage strides
   double br = 0.25;  // bottleneck ratio: mid = make_divisible(chs * br)

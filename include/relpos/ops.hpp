@@ -5,11 +5,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <string>
+#include <vector>
 
+#include "relpos/runtime.hpp"
 #include "relpos/tensor.hpp"
 
 namespace relpos {
@@ -17,41 +16,6 @@ namespace relpos {
 enum class Act : std::uint8_t { None, ReLU, SiLU };
 Act parse_act(const std::string& s);  // "relu" | "silu" | "none" | "identity"
 std::string to_string(Act a);
-
-// Per-layer cache of backend plans (oneDNN primitives with their reordered weights, cuDNN
-// descriptors and algorithms), keyed by input shape. Layers own one. Plans hold a copy of the
-// weights: the cache empties itself when a different weight tensor comes (ops::conv2d tells it),
-// but a change to the same tensor's values needs clear(). Safe to share between threads.
-class OpCache {
- public:
-  std::shared_ptr<void> find(const std::string& key) const;
-  void put(const std::string& key, std::shared_ptr<void> plan);
-  void clear();
-  // Empties the cache if its plans were made for other weights than these.
-  void use_weights(const void* data, std::int64_t numel);
-
- private:
-  mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<void>> plans_;
-  const void* weights_ = nullptr;
-  std::int64_t weights_numel_ = 0;
-};
-
-// CPU threads for relpos's work (OpenMP regions and oneDNN), process-wide. n = 0 (the default)
-// leaves OpenMP's own default (OMP_NUM_THREADS, else all cores). Each relpos call applies the
-// setting to the calling thread, so it also holds in threads the application starts later. An
-// application running W threads that each call relpos should set about cores / W, so that the
-// W x n OpenMP threads do not oversubscribe the cores. At most 1024.
-void set_num_threads(int n);
-int num_threads();  // the setting (0: OpenMP's default)
-namespace detail {
-void apply_thread_setting();  // internal: makes the calling thread use the setting
-}
-// Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
-// products (faster, about 3 significant digits). Off by default, so that GPU results match the
-// CPU and timm to float32 rounding. The CPU backend always computes in float32.
-void set_allow_tf32(bool allow);
-bool allow_tf32();
 
 namespace ops {
 
@@ -69,7 +33,7 @@ struct Epilogue {
 
 // x (N, C, H, W), w (O, C/groups, kh, kw) Contiguous, bias (O) or nullptr.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
-              const Epilogue& epilogue = {}, OpCache* cache = nullptr);
+              const Epilogue& epilogue = {});
 struct ConvGrads {
   Tensor dx;  // undefined when not asked for
   Tensor dw;
@@ -80,25 +44,8 @@ ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, co
 // Batch norm over (N, H, W) per channel.
 Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
                        const Tensor& var, float eps, Act act);
-struct BatchStats {  // what the backward needs; each backend fills what it uses
-  Tensor mean;     // (C) batch mean
-  Tensor var;      // (C) biased batch variance (CPU)
-  Tensor inv_std;  // (C) 1 / sqrt(var + eps) (CUDA: cuDNN's saved inverse variance)
-  float eps = 1e-5f;
-  Act act = Act::None;
-  Tensor aux;      // the activation's saved state: oneDNN's fused-ReLU workspace, or the
-                   // pre-activation output
-};
-// act(batch norm with batch statistics); updates running_mean and running_var in place with
-// `momentum` (running_var takes the unbiased batch variance). ReLU runs fused on the CPU.
-Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, float eps, float momentum, Act act, BatchStats& stats);
-struct BatchNormGrads {
-  Tensor dx, dgamma, dbeta;
-};
-// dy is the gradient of the activated output.
-BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
-                                  const Tensor& dy);
+// Batch norm with batch statistics (training) and its backward are in the library's internals
+// (src/core/ops_internal.hpp): what they save between the two differs by backend.
 
 Tensor activation(const Tensor& x, Act act);
 // x is the activation's input.

@@ -3,6 +3,7 @@
 // (biases, norm parameters, position tables), as timm does.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,8 +12,12 @@
 
 namespace relpos {
 
+enum class OptimizerKind : std::uint8_t { SGD, AdamW };
+std::string to_string(OptimizerKind k);              // "sgd" | "adamw"
+OptimizerKind parse_optimizer_kind(const std::string& s);  // throws relpos::Error on other names
+
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd" | "adamw"
+  OptimizerKind kind = OptimizerKind::SGD;
   float momentum = 0.9f;     // SGD
   bool nesterov = true;      // SGD
   float weight_decay = 5e-5f;

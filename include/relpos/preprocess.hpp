@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <string>
@@ -20,27 +21,45 @@
 
 namespace relpos {
 
+// The model's input channels (what the first convolution was trained on).
+enum class ChannelOrder : std::uint8_t { RGB, BGR, Gray };
+// How timm's eval transform sizes the image before the centre crop (see Preprocess::crop).
+enum class CropMode : std::uint8_t { Center, Squash, Border };
+// Pillow's resampling filters.
+enum class Interpolation : std::uint8_t { Nearest, Box, Bilinear, Hamming, Bicubic, Lanczos };
+// Test-time augmentation.
+enum class Tta : std::uint8_t { None, HFlip };
+// The names the files and the command line use: "RGB" "BGR" "GRAY"; "center" "squash" "border";
+// "nearest" "box" (or "area") "bilinear" (or "linear") "hamming" "bicubic" (or "cubic") "lanczos";
+// "none" "hflip". parse_* throws relpos::Error listing the known names.
+std::string to_string(ChannelOrder c);
+std::string to_string(CropMode m);
+std::string to_string(Interpolation i);
+std::string to_string(Tta t);
+ChannelOrder parse_channel_order(const std::string& s);
+CropMode parse_crop_mode(const std::string& s);
+Interpolation parse_interpolation(const std::string& s);
+Tta parse_tta(const std::string& s);
+
 struct Preprocess {
   int height = 224, width = 224;          // network input size
-  std::string channels = "RGB";           // "RGB", "BGR" or "GRAY" (the model's input channels)
+  ChannelOrder channels = ChannelOrder::RGB;
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};  // after scaling (0..1 units), model order
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
   float scale = 1.0f / 255.0f;
   // crop: timm's eval transform: resize to size / crop_pct as crop_mode says, then centre-crop
-  //   "center": keep the aspect ratio, the shorter side fits (timm's default);
-  //   "squash": both sides to size / crop_pct, aspect ratio not kept;
-  //   "border": keep the aspect ratio, the longer side fits, pad with the mean colour.
+  //   Center: keep the aspect ratio, the shorter side fits (timm's default);
+  //   Squash: both sides to size / crop_pct, aspect ratio not kept;
+  //   Border: keep the aspect ratio, the longer side fits, pad with the mean colour.
   // Otherwise (crop false) stretch to exactly height x width.
   bool crop = true;
   double crop_pct = 0.875;
-  std::string crop_mode = "center";
-  // Pillow's filters: "nearest" | "bilinear" | "bicubic" | "box" (also "area") | "hamming" | "lanczos"
-  std::string interpolation = "bilinear";
-  // Test-time augmentation: "none", or "hflip" (the logits are the mean of the image's and its
-  // mirror image's; twice the inference work).
-  std::string tta = "none";
+  CropMode crop_mode = CropMode::Center;
+  Interpolation interpolation = Interpolation::Bilinear;
+  // HFlip: the logits are the mean of the image's and its mirror image's (twice the work).
+  Tta tta = Tta::None;
 
-  int in_chans() const { return channels == "GRAY" ? 1 : 3; }
+  int in_chans() const { return channels == ChannelOrder::Gray ? 1 : 3; }
   // File form: {"input_size": [h, w], "channels": "RGB", "mean": [...], "std": [...], "scale": ...,
   // "crop": true, "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bilinear", "tta": "none"}.
   // Keys the JSON leaves out keep base's values (pass the model's default_preprocess, so that a

@@ -17,6 +17,29 @@
 
 namespace relpos {
 
+struct EpochLog {
+  int epoch = 0;
+  float lr = 0.0f;
+  double train_loss = 0.0, train_acc = 0.0;
+  double test_loss = -1.0, test_acc = -1.0;  // -1: not evaluated
+  double seconds = 0.0, img_per_s = 0.0;
+};
+
+// What train() reports while it runs, to TrainOptions::on_event (the CLI draws its progress bar
+// and epoch lines from these; the library itself prints nothing).
+struct TrainEvent {
+  enum class Kind { Step, EpochEnd, Message };
+  Kind kind = Kind::Step;
+  int epoch = 0, epochs = 0;           // the current epoch (1-based) of how many
+  std::size_t batch = 0, batches = 0;  // Step: batches done in this epoch, of how many
+  double img_per_s = 0.0;              // Step: this epoch so far
+  double loss = 0.0, acc = 0.0;        // Step: running means over this epoch
+  float lr = 0.0f;
+  double eta_epoch = 0.0, eta_run = 0.0;  // Step: seconds left in the epoch and in the run
+  EpochLog log;                        // EpochEnd: the finished epoch
+  std::string message;                 // Message: a warning (an image skipped, a picture not drawn)
+};
+
 struct TrainOptions {
   std::string data = "fashion-mnist";  // "fashion-mnist" or a folder (see open_dataset)
   int epochs = 10;
@@ -32,7 +55,9 @@ struct TrainOptions {
   int eval_batch = 500;
   bool eval_each_epoch = true;
   std::string out = "runs/train";
-  bool progress = true;   // progress bar on stderr
+  // Called on the training thread after every step, at each epoch's end and with warnings; empty:
+  // train() runs silently. Not part of the recipe (a checkpoint does not keep it).
+  std::function<void(const TrainEvent&)> on_event;
   long max_steps = 0;     // stop after this many steps in total (0: no limit; for tests)
   // A checkpoint is also written inside an epoch once this many minutes have passed since the last
   // one (0: at epoch ends only), so a killed run loses at most that much work.
@@ -40,14 +65,6 @@ struct TrainOptions {
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
-};
-
-struct EpochLog {
-  int epoch = 0;
-  float lr = 0.0f;
-  double train_loss = 0.0, train_acc = 0.0;
-  double test_loss = -1.0, test_acc = -1.0;  // -1: not evaluated
-  double seconds = 0.0, img_per_s = 0.0;
 };
 
 struct TrainResult {
@@ -61,7 +78,7 @@ struct TrainResult {
 };
 
 // Trains model in place. If resume names a checkpoint, the model, options and progress come from
-// it, except progress, workers and max_steps, which come from `options` (with resume_epochs > 0
+// it, except on_event, workers and max_steps, which come from `options` (with resume_epochs > 0
 // the run goes on to that many epochs instead). `stop` (if given) is
 // polled after every step: when it turns true the run saves a checkpoint and returns with
 // interrupted = true.
@@ -84,9 +101,9 @@ struct EvalResult {
 EvalResult evaluate(const Model& model, const Dataset& data, int batch = 500,
                     const std::function<void(std::size_t, std::size_t)>& progress = {});
 
-// PNG pictures (OpenCV drawing).
-void plot_learning_curves(const std::vector<EpochLog>& history, const std::string& path);
-void plot_confusion(const EvalResult& result, const std::string& path);
+// The confusion matrix as text (rows: true class, columns: predicted).
 std::string format_confusion(const EvalResult& result);
+// The confusion matrix as a PNG picture.
+void plot_confusion(const EvalResult& result, const std::string& path);
 
 }  // namespace relpos

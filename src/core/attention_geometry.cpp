@@ -6,25 +6,6 @@
 
 namespace relpos {
 
-PosEncoding parse_pos_encoding(const std::string& s) {
-  if (s == "relative") return PosEncoding::Relative;
-  if (s == "absolute") return PosEncoding::Absolute;
-  if (s == "none") return PosEncoding::None;
-  RELPOS_FAIL("unknown position encoding '" << s << "' (expected relative, absolute or none)");
-}
-
-std::string to_string(PosEncoding p) {
-  switch (p) {
-    case PosEncoding::Relative: return "relative";
-    case PosEncoding::Absolute: return "absolute";
-    case PosEncoding::None: return "none";
-  }
-  return "?";
-}
-
-float BotAttnSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }
-float SasaSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }
-
 namespace {
 Shape table_shape(bool per_head, int heads, std::int64_t rows, int d) {
   return per_head ? Shape{heads, rows, d} : Shape{rows, d};

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "relpos/attention_ops.hpp"
+#include "core/ops_internal.hpp"
 #include "relpos/ops.hpp"
 
 namespace relpos::cuda {

@@ -9,11 +9,13 @@
 // centre coordinate).
 #pragma once
 
+#include "relpos/preprocess.hpp"
+
 #include <opencv2/core.hpp>
 
 namespace relpos {
 
-enum class PilFilter { Nearest, Box, Bilinear, Hamming, Bicubic, Lanczos };
+using PilFilter = Interpolation;  // the public name of Pillow's filters
 
 // Resizes src (CV_8UC1/3/4 or CV_32FC1/3/4; channels are filtered independently, as Pillow does for
 // RGB and L images) to out_w x out_h as PIL.Image.resize((out_w, out_h), filter) would, computing

@@ -9,75 +9,70 @@
 #include <sstream>
 
 #include "io/image_file.hpp"
+#include "io/json_reader.hpp"
 #include "io/pil_resample.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
 
 namespace {
-PilFilter pil_filter(const std::string& s) {
-  if (s == "nearest") return PilFilter::Nearest;
-  if (s == "bilinear" || s == "linear") return PilFilter::Bilinear;
-  if (s == "bicubic" || s == "cubic") return PilFilter::Bicubic;
-  if (s == "box" || s == "area") return PilFilter::Box;
-  if (s == "hamming") return PilFilter::Hamming;
-  if (s == "lanczos") return PilFilter::Lanczos;
-  RELPOS_FAIL("unknown interpolation '" << s << "' (expected nearest, bilinear, bicubic, box, area, hamming or lanczos)");
+
+using detail::EnumName;
+
+constexpr EnumName<ChannelOrder> kChannelOrders[] = {
+    {ChannelOrder::RGB, "RGB"}, {ChannelOrder::BGR, "BGR"}, {ChannelOrder::Gray, "GRAY"}};
+constexpr EnumName<CropMode> kCropModes[] = {
+    {CropMode::Center, "center"}, {CropMode::Squash, "squash"}, {CropMode::Border, "border"}};
+constexpr EnumName<Interpolation> kInterpolations[] = {
+    {Interpolation::Nearest, "nearest"}, {Interpolation::Bilinear, "bilinear"}, {Interpolation::Bicubic, "bicubic"},
+    {Interpolation::Box, "box"},         {Interpolation::Hamming, "hamming"},   {Interpolation::Lanczos, "lanczos"},
+    {Interpolation::Box, "area"},        {Interpolation::Bilinear, "linear"},   {Interpolation::Bicubic, "cubic"}};
+constexpr EnumName<Tta> kTtas[] = {{Tta::None, "none"}, {Tta::HFlip, "hflip"}};
+
+// "mean" or "std": 1 value for every channel, or 3.
+std::array<float, 3> per_channel(detail::JsonReader& r, const std::string& k, const std::array<float, 3>& base) {
+  const auto v = r.get<std::vector<float>>(k, {base.begin(), base.end()});
+  RELPOS_CHECK(v.size() == 1 || v.size() == 3, r.at(k) << " needs 1 or 3 values, got " << v.size());
+  std::array<float, 3> out{};
+  for (std::size_t c = 0; c < 3; ++c) out[c] = v[v.size() == 1 ? 0 : c];
+  return out;
 }
+
 }  // namespace
+
+std::string to_string(ChannelOrder c) { return detail::enum_name(c, kChannelOrders); }
+std::string to_string(CropMode m) { return detail::enum_name(m, kCropModes); }
+std::string to_string(Interpolation i) { return detail::enum_name(i, kInterpolations); }
+std::string to_string(Tta t) { return detail::enum_name(t, kTtas); }
+ChannelOrder parse_channel_order(const std::string& s) { return detail::parse_enum(s, kChannelOrders, "channel order"); }
+CropMode parse_crop_mode(const std::string& s) { return detail::parse_enum(s, kCropModes, "crop mode"); }
+Interpolation parse_interpolation(const std::string& s) { return detail::parse_enum(s, kInterpolations, "interpolation"); }
+Tta parse_tta(const std::string& s) { return detail::parse_enum(s, kTtas, "tta"); }
 
 Preprocess Preprocess::from_json(const nlohmann::json& j) { return from_json(j, Preprocess{}); }
 
 Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base) {
-  RELPOS_CHECK(j.is_object(), "preprocess must be a JSON object");
+  detail::JsonReader r(j, "preprocess");
   Preprocess p = base;
-  try {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "input_size") {
-        RELPOS_CHECK(it->is_array() && it->size() == 2, "preprocess.input_size must be [height, width]");
-        for (const auto& d : *it)  // checked before any conversion to int
-          RELPOS_CHECK(d.is_number_integer() && d.get<long long>() >= 1 && d.get<long long>() <= 16384,
-                       "preprocess.input_size: " << d.dump() << " is not a size from 1 to 16384");
-        p.height = (*it)[0].get<int>(), p.width = (*it)[1].get<int>();
-      } else if (k == "channels") {
-        p.channels = it->get<std::string>();
-      } else if (k == "mean" || k == "std") {
-        const auto v = it->get<std::vector<float>>();
-        RELPOS_CHECK(v.size() == 1 || v.size() == 3, "preprocess." << k << " needs 1 or 3 values");
-        for (int c = 0; c < 3; ++c) {
-          const float x = v[v.size() == 1 ? 0 : static_cast<std::size_t>(c)];
-          (k == "mean" ? p.mean : p.std)[static_cast<std::size_t>(c)] = x;
-        }
-      } else if (k == "scale") {
-        p.scale = it->get<float>();
-      } else if (k == "crop") {
-        p.crop = it->get<bool>();
-      } else if (k == "crop_pct") {
-        p.crop_pct = it->get<double>();
-      } else if (k == "crop_mode") {
-        p.crop_mode = it->get<std::string>();
-      } else if (k == "interpolation") {
-        p.interpolation = it->get<std::string>();
-      } else if (k == "tta") {
-        p.tta = it->get<std::string>();
-      } else {
-        RELPOS_FAIL("preprocess: unknown key '" << k << "'");
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    RELPOS_FAIL("preprocess: a value has the wrong type (" << e.what() << ")");
+  if (r.has("input_size")) {
+    const nlohmann::json& size = r.raw("input_size");
+    RELPOS_CHECK(size.is_array() && size.size() == 2, r.at("input_size") << " must be [height, width]");
+    p.height = r.check_int("input_size[0]", size[0], 1, 16384);
+    p.width = r.check_int("input_size[1]", size[1], 1, 16384);
   }
-  RELPOS_CHECK(p.channels == "RGB" || p.channels == "BGR" || p.channels == "GRAY",
-               "preprocess.channels must be RGB, BGR or GRAY, got '" << p.channels << "'");
-  RELPOS_CHECK(p.crop_pct > 0 && p.crop_pct <= 1, "preprocess.crop_pct must be in (0, 1]");
-  RELPOS_CHECK(p.crop_mode == "center" || p.crop_mode == "squash" || p.crop_mode == "border",
-               "preprocess.crop_mode must be center, squash or border, got '" << p.crop_mode << "'");
-  RELPOS_CHECK(std::isfinite(p.scale) && p.scale != 0.0f, "preprocess.scale must be a non-zero number");
-  for (float s : p.std) RELPOS_CHECK(std::isfinite(s) && s != 0.0f, "preprocess.std must be non-zero numbers");
-  for (float m : p.mean) RELPOS_CHECK(std::isfinite(m), "preprocess.mean must be numbers");
-  pil_filter(p.interpolation);
-  RELPOS_CHECK(p.tta == "none" || p.tta == "hflip", "preprocess.tta must be none or hflip, got '" << p.tta << "'");
+  p.channels = r.enum_in("channels", p.channels, kChannelOrders);
+  p.mean = per_channel(r, "mean", p.mean);
+  p.std = per_channel(r, "std", p.std);
+  p.scale = r.get("scale", p.scale);
+  p.crop = r.get("crop", p.crop);
+  p.crop_pct = r.num_in("crop_pct", p.crop_pct, 0.0, 1.0);
+  p.crop_mode = r.enum_in("crop_mode", p.crop_mode, kCropModes);
+  p.interpolation = r.enum_in("interpolation", p.interpolation, kInterpolations);
+  p.tta = r.enum_in("tta", p.tta, kTtas);
+  r.done();
+  RELPOS_CHECK(std::isfinite(p.scale) && p.scale != 0.0f, r.at("scale") << " must be a non-zero number");
+  for (float s : p.std) RELPOS_CHECK(std::isfinite(s) && s != 0.0f, r.at("std") << " must be non-zero numbers");
+  for (float m : p.mean) RELPOS_CHECK(std::isfinite(m), r.at("mean") << " must be numbers");
   return p;
 }
 
@@ -87,29 +82,34 @@ nlohmann::json Preprocess::to_json() const {
     m.push_back(mean[static_cast<std::size_t>(c)]);
     s.push_back(std[static_cast<std::size_t>(c)]);
   }
-  return {{"input_size", {height, width}}, {"channels", channels}, {"mean", m},
-          {"std", s},  {"scale", scale},  {"crop", crop},
-          {"crop_pct", crop_pct}, {"crop_mode", crop_mode}, {"interpolation", interpolation},
-          {"tta", tta}};
+  return {{"input_size", {height, width}}, {"channels", to_string(channels)},
+          {"mean", m},
+          {"std", s},
+          {"scale", scale},
+          {"crop", crop},
+          {"crop_pct", crop_pct},
+          {"crop_mode", to_string(crop_mode)},
+          {"interpolation", to_string(interpolation)},
+          {"tta", to_string(tta)}};
 }
 
 std::string Preprocess::describe() const {
   std::ostringstream os;
-  os << width << "x" << height << " " << channels << ", ";
-  if (crop) os << "resize (" << crop_mode << ", crop_pct " << crop_pct << ") + centre crop";
+  os << width << "x" << height << " " << to_string(channels) << ", ";
+  if (crop) os << "resize (" << to_string(crop_mode) << ", crop_pct " << crop_pct << ") + centre crop";
   else os << "stretch";
-  os << ", " << interpolation << ", (x * " << scale << " - [" << mean[0];
+  os << ", " << to_string(interpolation) << ", (x * " << scale << " - [" << mean[0];
   if (in_chans() == 3) os << ", " << mean[1] << ", " << mean[2];
   os << "]) / [" << std[0];
   if (in_chans() == 3) os << ", " << std[1] << ", " << std[2];
   os << "]";
-  if (tta == "hflip") os << ", logits averaged with the mirror image's";
+  if (tta == Tta::HFlip) os << ", logits averaged with the mirror image's";
   return os.str();
 }
 
 namespace {
 // To 8-bit or float with the model's channel count and order.
-cv::Mat to_channels(const cv::Mat& in, const std::string& channels) {
+cv::Mat to_channels(const cv::Mat& in, ChannelOrder channels) {
   RELPOS_CHECK(!in.empty(), "empty image");
   RELPOS_CHECK(in.dims == 2 && (in.channels() == 1 || in.channels() == 3 || in.channels() == 4),
                "images must be 2-D with 1, 3 or 4 channels, got " << in.channels() << " channels");
@@ -118,10 +118,10 @@ cv::Mat to_channels(const cv::Mat& in, const std::string& channels) {
   else if (img.depth() != CV_8U && img.depth() != CV_32F) img.convertTo(img, CV_32F);
   cv::Mat out;
   const int c = img.channels();
-  if (channels == "GRAY") {
+  if (channels == ChannelOrder::Gray) {
     if (c == 1) out = img;
     else cv::cvtColor(img, out, c == 3 ? cv::COLOR_BGR2GRAY : cv::COLOR_BGRA2GRAY);
-  } else if (channels == "RGB") {
+  } else if (channels == ChannelOrder::RGB) {
     cv::cvtColor(img, out, c == 1 ? cv::COLOR_GRAY2RGB : (c == 3 ? cv::COLOR_BGR2RGB : cv::COLOR_BGRA2RGB));
   } else {
     if (c == 3) out = img;
@@ -156,9 +156,9 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
   }
   const long sh = static_cast<long>(std::floor(static_cast<double>(th) / p.crop_pct));
   const long sw = static_cast<long>(std::floor(static_cast<double>(tw) / p.crop_pct));
-  if (p.crop_mode == "squash") {
+  if (p.crop_mode == CropMode::Squash) {
     g.rh = sh, g.rw = sw;
-  } else if (p.crop_mode == "center" && sh == sw) {
+  } else if (p.crop_mode == CropMode::Center && sh == sw) {
     // torchvision Resize(int): the shorter side to sh, the longer to int(sh * long / short)
     const bool w_short = iw <= ih;
     const long s = w_short ? iw : ih, l = w_short ? ih : iw;
@@ -169,10 +169,10 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
     // timm ResizeKeepRatio: longest = 0 (center) fits the shorter side, 1 (border) the longer
     const double ratio_h = static_cast<double>(ih) / static_cast<double>(sh);
     const double ratio_w = static_cast<double>(iw) / static_cast<double>(sw);
-    const double ratio = p.crop_mode == "border" ? std::max(ratio_h, ratio_w) : std::min(ratio_h, ratio_w);
+    const double ratio = p.crop_mode == CropMode::Border ? std::max(ratio_h, ratio_w) : std::min(ratio_h, ratio_w);
     // timm 0.9 builds ResizeKeepRatio(scale_size) without its interpolation for center mode, so
     // a non-square input size resizes with ResizeKeepRatio's default, bilinear.
-    g.bilinear = p.crop_mode == "center";
+    g.bilinear = p.crop_mode == CropMode::Center;
     g.rh = round_half_even(static_cast<double>(ih) / ratio);
     g.rw = round_half_even(static_cast<double>(iw) / ratio);
   }
@@ -199,11 +199,11 @@ cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p) {
                         static_cast<int>(y1 - y0));
   const cv::Mat inside =
       pil_resize(img, static_cast<int>(g.rw), static_cast<int>(g.rh),
-                 g.bilinear ? PilFilter::Bilinear : pil_filter(p.interpolation), region);
+                 g.bilinear ? PilFilter::Bilinear : p.interpolation, region);
   if (region.width == p.width && region.height == p.height) return inside;
   // Padding: 0 for center and squash (torchvision), the mean colour for border (timm).
   cv::Scalar fill = cv::Scalar::all(0);
-  if (p.crop && p.crop_mode == "border")
+  if (p.crop && p.crop_mode == CropMode::Border)
     for (int c = 0; c < 3; ++c) {
       const double v = std::nearbyint(static_cast<double>(p.mean[static_cast<std::size_t>(c)]) / p.scale);
       fill[c] = img.depth() == CV_8U ? std::clamp(v, 0.0, 255.0) : v;

@@ -6,6 +6,7 @@
 //  - SasaAttention: k x k local attention: r_row, r_col.
 #pragma once
 
+#include "core/ops_internal.hpp"
 #include "layers/module.hpp"
 #include "relpos/attention_ops.hpp"
 

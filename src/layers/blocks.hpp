@@ -65,4 +65,12 @@ class SelfAttnBlock : public ResidualBlock {
 // timm's make_divisible(v, 8): round to a multiple of 8, never more than 10% down.
 int make_divisible(double v, int divisor = 8);
 
+// Channels per head of an attention layer `mid` channels wide, as timm derives them: queries and
+// keys make_divisible(mid * qk_ratio) / heads, values mid / heads. Throws (naming `where`) when
+// mid does not split into the heads.
+struct HeadDims {
+  int dqk = 0, dv = 0;
+};
+HeadDims head_dims(int mid, int heads, double qk_ratio, const std::string& where);
+
 }  // namespace relpos

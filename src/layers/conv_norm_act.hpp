@@ -4,6 +4,7 @@
 // fused into the same oneDNN/cuDNN call.
 #pragma once
 
+#include "core/ops_internal.hpp"
 #include "layers/module.hpp"
 
 namespace relpos {

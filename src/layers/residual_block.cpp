@@ -9,6 +9,12 @@ int make_divisible(double v, int divisor) {
   return nv;
 }
 
+HeadDims head_dims(int mid, int heads, double qk_ratio, const std::string& where) {
+  RELPOS_CHECK(heads >= 1 && mid % heads == 0,
+               where << ": " << mid << " attention channels do not split into " << heads << " heads");
+  return {make_divisible(mid * qk_ratio) / heads, mid / heads};
+}
+
 ResidualBlock::ResidualBlock(int in, int mid, int out, int stride, Act act) : act_(act) {
   if (in != out || stride != 1) shortcut_ = std::make_unique<ConvNormAct>(in, out, 1, stride, 1, Act::None);
   conv1_ = std::make_unique<ConvNormAct>(in, mid, 1, 1, 1, act);

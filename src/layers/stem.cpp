@@ -8,7 +8,7 @@ const ops::PoolSpec kStemPool{ops::PoolKind::Max, 3, 2, 1};
 }
 
 Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
-  if (cfg.type == "tiered") {
+  if (cfg.type == StemType::Tiered) {
     const int c = cfg.chs;
     convs_.emplace_back("conv1", std::make_unique<ConvNormAct>(in_chans, 3 * c / 8, 3, 2, 1, act));
     convs_.emplace_back("conv2", std::make_unique<ConvNormAct>(3 * c / 8, c / 2, 3, 1, 1, act));
@@ -20,7 +20,7 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
     reduction_ = cfg.stride;
   }
   convs_.front().second->set_need_input_grad(false);
-  pool_ = cfg.pool == "maxpool";
+  pool_ = cfg.pool == StemPool::MaxPool;
   if (pool_) reduction_ *= 2;
 }
 

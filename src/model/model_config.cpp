@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <set>
 
-#include "io/atomic_file.hpp"
+#include "io/json_reader.hpp"
 #include "layers/blocks.hpp"
 #include "relpos/error.hpp"
 
@@ -29,79 +29,16 @@ bool SasaConfig::operator==(const SasaConfig& o) const {
 
 namespace {
 
-// Reads an object's keys with their types checked, then rejects keys nobody asked for.
-class Reader {
- public:
-  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    RELPOS_CHECK(j.is_object(), where_ << " must be a JSON object");
-  }
-  bool has(const std::string& k) const { return j_.contains(k); }
-  template <typename T>
-  T get(const std::string& k, const T& fallback) {
-    used_.insert(k);
-    if (!j_.contains(k)) return fallback;
-    return convert<T>(k);
-  }
-  template <typename T>
-  T need(const std::string& k) {
-    used_.insert(k);
-    RELPOS_CHECK(j_.contains(k), where_ << ": missing key '" << k << "'");
-    return convert<T>(k);
-  }
-  const json& raw(const std::string& k) {
-    used_.insert(k);
-    return j_.at(k);
-  }
-  void done() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      RELPOS_CHECK(used_.count(it.key()), where_ << ": unknown key '" << it.key() << "'");
-  }
-  const std::string& where() const { return where_; }
-  // An integer in [lo, hi]: JSON floats, out-of-range and huge values are errors, never converted.
-  int int_in(const std::string& k, int fallback, long long lo, long long hi) {
-    used_.insert(k);
-    if (!j_.contains(k)) return fallback;
-    return check_int(k, j_.at(k), lo, hi);
-  }
-  int need_int_in(const std::string& k, long long lo, long long hi) {
-    RELPOS_CHECK(j_.contains(k), where_ << ": missing key '" << k << "'");
-    return int_in(k, 0, lo, hi);
-  }
-  double num_in(const std::string& k, double fallback, double lo_exclusive, double hi) {
-    used_.insert(k);
-    if (!j_.contains(k)) return fallback;
-    const json& v = j_.at(k);
-    RELPOS_CHECK(v.is_number(), where_ << ": key '" << k << "' must be a number, got " << v.dump());
-    const double d = v.get<double>();
-    RELPOS_CHECK(d > lo_exclusive && d <= hi,
-                 where_ << ": key '" << k << "' is " << v.dump() << "; it must be above " << lo_exclusive << " and at most " << hi);
-    return d;
-  }
-  int check_int(const std::string& k, const json& v, long long lo, long long hi) const {
-    RELPOS_CHECK(v.is_number_integer(), where_ << ": key '" << k << "' must be a whole number, got " << v.dump());
-    const bool fits = v.is_number_unsigned() ? v.get<unsigned long long>() <= static_cast<unsigned long long>(hi)
-                                             : (v.get<long long>() >= lo && v.get<long long>() <= hi);
-    RELPOS_CHECK(fits && v.get<long long>() >= lo,
-                 where_ << ": key '" << k << "' is " << v.dump() << "; it must be from " << lo << " to " << hi);
-    return static_cast<int>(v.get<long long>());
-  }
+using detail::EnumName;
+using Reader = detail::JsonReader;
 
- private:
-  template <typename T>
-  T convert(const std::string& k) {
-    try {
-      return j_.at(k).get<T>();
-    } catch (const json::exception&) {
-      RELPOS_FAIL(where_ << ": key '" << k << "' has the wrong type (" << j_.at(k).dump() << ")");
-    }
-  }
-  const json& j_;
-  std::string where_;
-  std::set<std::string> used_;
-};
+constexpr EnumName<StemType> kStemTypes[] = {{StemType::Tiered, "tiered"}, {StemType::Conv, "conv"}};
+constexpr EnumName<StemPool> kStemPools[] = {
+    {StemPool::MaxPool, "maxpool"}, {StemPool::None, "none"}, {StemPool::None, ""}};
+constexpr EnumName<BlockType> kBlockTypes[] = {
+    {BlockType::Bottle, "bottle"}, {BlockType::SelfAttn, "self_attn"}, {BlockType::Sasa, "sasa"}};
 
-SelfAttnConfig read_self_attn(const json& j, SelfAttnConfig c, const std::string& where) {
-  Reader r(j, where);
+SelfAttnConfig read_self_attn(Reader r, SelfAttnConfig c) {
   c.heads = r.int_in("heads", c.heads, 1, 64);
   c.qk_ratio = static_cast<float>(r.num_in("qk_ratio", c.qk_ratio, 0.0, 4.0));
   c.pos = parse_pos_encoding(r.get("pos", to_string(c.pos)));
@@ -109,18 +46,15 @@ SelfAttnConfig read_self_attn(const json& j, SelfAttnConfig c, const std::string
   c.per_head = r.get("per_head", c.per_head);
   c.scale_pos_embed = r.get("scale_pos_embed", c.scale_pos_embed);
   r.done();
-  RELPOS_CHECK(c.heads >= 1 && c.qk_ratio > 0 && c.clip >= 0, where << ": heads, qk_ratio and clip must be positive");
   return c;
 }
 
-SasaConfig read_sasa(const json& j, SasaConfig c, const std::string& where) {
-  Reader r(j, where);
+SasaConfig read_sasa(Reader r, SasaConfig c) {
   c.heads = r.int_in("heads", c.heads, 1, 64);
   c.kernel = r.int_in("kernel", c.kernel, 1, 15);
   c.qk_ratio = static_cast<float>(r.num_in("qk_ratio", c.qk_ratio, 0.0, 4.0));
   r.done();
-  RELPOS_CHECK(c.heads >= 1 && c.kernel >= 1 && c.kernel % 2 == 1 && c.qk_ratio > 0,
-               where << ": heads must be positive and kernel odd");
+  RELPOS_CHECK(c.kernel % 2 == 1, r.at("kernel") << " must be odd, got " << c.kernel);
   return c;
 }
 
@@ -131,6 +65,13 @@ json self_attn_json(const SelfAttnConfig& c) {
 json sasa_json(const SasaConfig& c) { return {{"heads", c.heads}, {"kernel", c.kernel}, {"qk_ratio", c.qk_ratio}}; }
 
 }  // namespace
+
+std::string to_string(StemType t) { return detail::enum_name(t, kStemTypes); }
+std::string to_string(StemPool p) { return detail::enum_name(p, kStemPools); }
+std::string to_string(BlockType t) { return detail::enum_name(t, kBlockTypes); }
+StemType parse_stem_type(const std::string& s) { return detail::parse_enum(s, kStemTypes, "stem type"); }
+StemPool parse_stem_pool(const std::string& s) { return detail::parse_enum(s, kStemPools, "stem pool"); }
+BlockType parse_block_type(const std::string& s) { return detail::parse_enum(s, kBlockTypes, "block type"); }
 
 ModelConfig ModelConfig::from_json(const json& j) {
   RELPOS_CHECK(j.is_object(), "a model config must be a JSON object");
@@ -149,23 +90,16 @@ ModelConfig ModelConfig::from_json(const json& j) {
   }
   c.act = parse_act(r.get<std::string>("act", to_string(c.act)));
   c.zero_init_last = r.get("zero_init_last", c.zero_init_last);
-  RELPOS_CHECK(c.in_chans > 0 && c.num_classes > 0, "model config: in_chans and num_classes must be positive");
-  if (r.has("self_attn")) c.self_attn = read_self_attn(r.raw("self_attn"), c.self_attn, "model config: self_attn");
-  if (r.has("sasa")) c.sasa = read_sasa(r.raw("sasa"), c.sasa, "model config: sasa");
+  if (r.has("self_attn")) c.self_attn = read_self_attn(r.child("self_attn"), c.self_attn);
+  if (r.has("sasa")) c.sasa = read_sasa(r.child("sasa"), c.sasa);
   {
-    Reader s(r.raw("stem"), "model config: stem");
-    c.stem.type = s.get<std::string>("type", c.stem.type);
+    Reader s = r.child("stem");
+    c.stem.type = s.enum_in("type", c.stem.type, kStemTypes);
     c.stem.chs = s.need_int_in("chs", 8, 1024);
     c.stem.kernel = s.int_in("kernel", c.stem.kernel, 1, 15);
     c.stem.stride = s.int_in("stride", c.stem.stride, 1, 4);
-    c.stem.pool = s.get<std::string>("pool", c.stem.pool);
-    if (c.stem.pool == "none") c.stem.pool.clear();
+    c.stem.pool = s.enum_in("pool", c.stem.pool, kStemPools);
     s.done();
-    RELPOS_CHECK(c.stem.type == "tiered" || c.stem.type == "conv",
-                 "model config: stem type '" << c.stem.type << "' (expected tiered or conv)");
-    RELPOS_CHECK(c.stem.pool.empty() || c.stem.pool == "maxpool",
-                 "model config: stem pool '" << c.stem.pool << "' (expected maxpool or none)");
-    RELPOS_CHECK(c.stem.chs >= 8 && c.stem.kernel >= 1 && c.stem.stride >= 1, "model config: bad stem");
   }
   const json& stages = r.raw("stages");
   RELPOS_CHECK(stages.is_array() && !stages.empty() && stages.size() <= 16,
@@ -188,15 +122,12 @@ ModelConfig ModelConfig::from_json(const json& j) {
     const int stride = s.int_in("stride", 1, 1, 2);
     const double br = s.num_in("br", 0.25, 0.0, 4.0);
     const int gs = s.int_in("group_size", 0, 0, 8192);
-    RELPOS_CHECK(chs > 0 && (stride == 1 || stride == 2) && br > 0 && gs >= 0,
-                 where << ": chs must be positive, stride 1 or 2, br positive");
-    st.self_attn = s.has("self_attn") ? read_self_attn(s.raw("self_attn"), c.self_attn, where + ".self_attn") : c.self_attn;
-    st.sasa = s.has("sasa") ? read_sasa(s.raw("sasa"), c.sasa, where + ".sasa") : c.sasa;
+    st.self_attn = s.has("self_attn") ? read_self_attn(s.child("self_attn"), c.self_attn) : c.self_attn;
+    st.sasa = s.has("sasa") ? read_sasa(s.child("sasa"), c.sasa) : c.sasa;
     s.done();
     for (std::size_t b = 0; b < types.size(); ++b) {
-      RELPOS_CHECK(types[b] == "bottle" || types[b] == "self_attn" || types[b] == "sasa",
-                   where << ": block type '" << types[b] << "' (expected bottle, self_attn or sasa)");
-      st.blocks.push_back({types[b], chs, b == 0 ? stride : 1, br, gs});
+      const BlockType type = detail::parse_enum(types[b], kBlockTypes, where + ": block type");
+      st.blocks.push_back({type, chs, b == 0 ? stride : 1, br, gs});
     }
     c.stages.push_back(std::move(st));
   }
@@ -212,14 +143,14 @@ json ModelConfig::to_json() const {
   j["input_size"] = {input_size[0], input_size[1]};
   j["act"] = to_string(act);
   j["zero_init_last"] = zero_init_last;
-  j["stem"] = {{"type", stem.type}, {"chs", stem.chs}, {"pool", stem.pool.empty() ? "none" : stem.pool}};
-  if (stem.type == "conv") j["stem"]["kernel"] = stem.kernel, j["stem"]["stride"] = stem.stride;
+  j["stem"] = {{"type", to_string(stem.type)}, {"chs", stem.chs}, {"pool", to_string(stem.pool)}};
+  if (stem.type == StemType::Conv) j["stem"]["kernel"] = stem.kernel, j["stem"]["stride"] = stem.stride;
   j["self_attn"] = self_attn_json(self_attn);
   j["sasa"] = sasa_json(sasa);
   json stages_j = json::array();
   for (const auto& st : stages) {
     json types = json::array();
-    for (const auto& b : st.blocks) types.push_back(b.type);
+    for (const auto& b : st.blocks) types.push_back(to_string(b.type));
     const BlockConfig& b0 = st.blocks.front();
     json s = {{"types", types}, {"chs", b0.chs}, {"stride", b0.stride}, {"br", b0.br}};
     if (b0.group_size) s["group_size"] = b0.group_size;
@@ -265,12 +196,7 @@ std::string find_config(const std::string& path_or_name) {
 
 ModelConfig ModelConfig::load(const std::string& path_or_name) {
   const std::string path = find_config(path_or_name);
-  json j;
-  try {
-    j = json::parse(detail::read_file(path));
-  } catch (const json::exception& e) {
-    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
-  }
+  json j = detail::read_json_file(path);
   RELPOS_CHECK(j.is_object(), path << ": a model config must be a JSON object");
   // A weights file carries its config inside.
   if (j.contains("config") && j.contains("tensors")) j = j.at("config");
@@ -294,12 +220,12 @@ ModelConfig::Estimate ModelConfig::estimate() const {
   };
   const double H0 = input_size[0], W0 = input_size[1];
   double c = stem.chs;
-  if (stem.type == "tiered") {
+  if (stem.type == StemType::Tiered) {
     conv(in_chans, 3.0 * c / 8, 3, 1), conv(3.0 * c / 8, c / 2, 3, 1), conv(c / 2, c, 3, 1);
   } else {
     conv(in_chans, c, stem.kernel, 1);
   }
-  const double reduction = (stem.type == "tiered" ? 2.0 : stem.stride) * (stem.pool.empty() ? 1.0 : 2.0);
+  const double reduction = (stem.type == StemType::Tiered ? 2.0 : stem.stride) * (stem.pool == StemPool::None ? 1.0 : 2.0);
   double fh = std::max(1.0, std::floor(H0 / reduction)), fw = std::max(1.0, std::floor(W0 / reduction));
   peak = std::max(peak, (in_chans + c) * H0 * W0);
   double prev = c;
@@ -308,13 +234,13 @@ ModelConfig::Estimate ModelConfig::estimate() const {
       const double mid = make_divisible(b.chs * b.br);
       conv(prev, mid, 1, 1);
       double attn = 0.0;
-      if (b.type == "bottle") {
+      if (b.type == BlockType::Bottle) {
         conv(mid, mid, 3, b.group_size > 0 ? std::max(1.0, mid / b.group_size) : 1.0);
       } else {
-        const bool bot = b.type == "self_attn";
+        const bool bot = b.type == BlockType::SelfAttn;
         const int heads = bot ? st.self_attn.heads : st.sasa.heads;
         const double qk = bot ? st.self_attn.qk_ratio : st.sasa.qk_ratio;
-        const double dqk = std::floor(make_divisible(mid * qk) / heads);
+        const double dqk = std::floor(make_divisible(mid * qk) / heads);  // head_dims() without its check
         params += mid * (2.0 * dqk * heads + mid);  // the qkv projection
         const double n = fh * fw;
         if (bot) {
@@ -360,7 +286,7 @@ void ModelConfig::check_memory() const {
 bool ModelConfig::fixed_input_size() const {
   for (const auto& st : stages)
     for (const auto& b : st.blocks)
-      if (b.type == "self_attn" && (st.self_attn.pos == PosEncoding::Absolute ||
+      if (b.type == BlockType::SelfAttn && (st.self_attn.pos == PosEncoding::Absolute ||
                                     (st.self_attn.pos == PosEncoding::Relative && st.self_attn.clip == 0)))
         return true;
   return false;

@@ -18,32 +18,33 @@ struct Network::Impl {
 
   std::unique_ptr<ResidualBlock> make_block(const BlockConfig& b, const StageConfig& st, int in, int feat_h,
                                             int feat_w, const std::string& where) const {
-    if (b.type == "bottle") return std::make_unique<BottleneckBlock>(in, b.chs, b.stride, static_cast<float>(b.br),
-                                                                     b.group_size, config.act);
+    if (b.type == BlockType::Bottle)
+      return std::make_unique<BottleneckBlock>(in, b.chs, b.stride, static_cast<float>(b.br), b.group_size, config.act);
     const int mid = make_divisible(b.chs * b.br);
-    if (b.type == "self_attn") {
+    const bool bot = b.type == BlockType::SelfAttn;
+    const HeadDims d = head_dims(mid, bot ? st.self_attn.heads : st.sasa.heads,
+                                 bot ? st.self_attn.qk_ratio : st.sasa.qk_ratio, where);
+    std::unique_ptr<Module> attn;
+    if (bot) {
       const SelfAttnConfig& a = st.self_attn;
-      RELPOS_CHECK(mid % a.heads == 0, where << ": " << mid << " attention channels do not split into " << a.heads << " heads");
       BotAttnSpec spec;
       spec.heads = a.heads;
-      spec.dqk = make_divisible(mid * a.qk_ratio) / a.heads;
-      spec.dv = mid / a.heads;
+      spec.dqk = d.dqk;
+      spec.dv = d.dv;
       spec.pos = a.pos;
       spec.clip = a.clip;
       spec.per_head = a.per_head;
       spec.scale_pos_embed = a.scale_pos_embed;
-      auto attn = std::make_unique<BotAttention>(mid, spec, feat_h, feat_w, b.stride);
-      return std::make_unique<SelfAttnBlock>(in, mid, b.chs, b.stride, std::move(attn), config.act);
+      attn = std::make_unique<BotAttention>(mid, spec, feat_h, feat_w, b.stride);
+    } else {
+      SasaSpec spec;
+      spec.heads = st.sasa.heads;
+      spec.dqk = d.dqk;
+      spec.dv = d.dv;
+      spec.kernel = st.sasa.kernel;
+      RELPOS_CHECK(spec.dqk % 2 == 0, where << ": local attention needs an even dqk per head, got " << spec.dqk);
+      attn = std::make_unique<SasaAttention>(mid, spec, b.stride);
     }
-    const SasaConfig& a = st.sasa;
-    RELPOS_CHECK(mid % a.heads == 0, where << ": " << mid << " attention channels do not split into " << a.heads << " heads");
-    SasaSpec spec;
-    spec.heads = a.heads;
-    spec.dqk = make_divisible(mid * a.qk_ratio) / a.heads;
-    spec.dv = mid / a.heads;
-    spec.kernel = a.kernel;
-    RELPOS_CHECK(spec.dqk % 2 == 0, where << ": local attention needs an even dqk per head, got " << spec.dqk);
-    auto attn = std::make_unique<SasaAttention>(mid, spec, b.stride);
     return std::make_unique<SelfAttnBlock>(in, mid, b.chs, b.stride, std::move(attn), config.act);
   }
 

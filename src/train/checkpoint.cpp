@@ -1,6 +1,7 @@
 #include "train/checkpoint.hpp"
 
-#include "io/model_file.hpp"
+#include "io/json_reader.hpp"
+#include "io/weights_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/safetensors.hpp"
 
@@ -8,96 +9,121 @@ namespace relpos {
 
 using nlohmann::json;
 
-nlohmann::json TrainOptions::to_json() const {
-  return {{"data", data},
-          {"epochs", epochs},
-          {"batch", batch},
-          {"lr", lr},
-          {"min_lr", min_lr},
-          {"warmup_epochs", warmup_epochs},
-          {"label_smoothing", label_smoothing},
-          {"optimizer",
-           {{"kind", optimizer.kind}, {"momentum", optimizer.momentum}, {"nesterov", optimizer.nesterov},
-            {"weight_decay", optimizer.weight_decay}, {"beta1", optimizer.beta1}, {"beta2", optimizer.beta2},
-            {"eps", optimizer.eps}}},
-          {"augment",
-           {{"pad", augment.pad}, {"hflip", augment.hflip}, {"erase_prob", augment.erase_prob},
-            {"erase_min_area", augment.erase_min_area}, {"erase_max_area", augment.erase_max_area}}},
-          {"seed", seed},
-          {"workers", workers},
-          {"eval_batch", eval_batch},
-          {"eval_each_epoch", eval_each_epoch},
-          {"out", out},
-          {"max_steps", max_steps},
-          {"checkpoint_minutes", checkpoint_minutes}};
+namespace {
+
+// Each option once, with its key: to_json and from_json both walk this list, so they cannot drift
+// apart. `f(key, field)` for values, `f(key, struct, fields_of_struct)` for nested objects.
+template <class Options, class F>
+void each_option(Options& o, F&& f) {
+  f("data", o.data);
+  f("epochs", o.epochs);
+  f("batch", o.batch);
+  f("lr", o.lr);
+  f("min_lr", o.min_lr);
+  f("warmup_epochs", o.warmup_epochs);
+  f("label_smoothing", o.label_smoothing);
+  f.nested("optimizer", [&](auto& g) {
+    g("kind", o.optimizer.kind);
+    g("momentum", o.optimizer.momentum);
+    g("nesterov", o.optimizer.nesterov);
+    g("weight_decay", o.optimizer.weight_decay);
+    g("beta1", o.optimizer.beta1);
+    g("beta2", o.optimizer.beta2);
+    g("eps", o.optimizer.eps);
+  });
+  f.nested("augment", [&](auto& g) {
+    g("pad", o.augment.pad);
+    g("hflip", o.augment.hflip);
+    g("erase_prob", o.augment.erase_prob);
+    g("erase_min_area", o.augment.erase_min_area);
+    g("erase_max_area", o.augment.erase_max_area);
+  });
+  f("seed", o.seed);
+  f("workers", o.workers);
+  f("eval_batch", o.eval_batch);
+  f("eval_each_epoch", o.eval_each_epoch);
+  f("out", o.out);
+  f("max_steps", o.max_steps);
+  f("checkpoint_minutes", o.checkpoint_minutes);
 }
 
-namespace {
-// A key that is absent keeps its default: checkpoints written before an option existed still load.
-template <class T>
-void read_optional(const json& j, const char* key, T& into) {
-  if (j.contains(key)) into = j.at(key).get<T>();
-}
+struct Writer {
+  json& j;
+  template <class T>
+  void operator()(const char* key, const T& v) {
+    j[key] = v;
+  }
+  void operator()(const char* key, const OptimizerKind& v) { j[key] = to_string(v); }
+  template <class Body>
+  void nested(const char* key, Body&& body) {
+    Writer w{j[key] = json::object()};
+    body(w);
+  }
+};
+
+// Lenient: a key that is absent keeps its default, so checkpoints written before an option existed
+// still load; a key this version does not know is ignored.
+struct ReaderVisitor {
+  detail::JsonReader r;
+  template <class T>
+  void operator()(const char* key, T& v) {
+    r.read(key, v);
+  }
+  void operator()(const char* key, OptimizerKind& v) {
+    if (!r.has(key)) return;
+    try {
+      v = parse_optimizer_kind(r.need<std::string>(key));
+    } catch (const Error& e) {
+      RELPOS_FAIL(r.at(key) << ": " << e.what());
+    }
+  }
+  template <class Body>
+  void nested(const char* key, Body&& body) {
+    if (!r.has(key)) return;
+    ReaderVisitor child{r.child(key)};
+    body(child);
+  }
+};
+
 }  // namespace
+
+nlohmann::json TrainOptions::to_json() const {
+  json j = json::object();
+  each_option(*this, Writer{j});
+  return j;
+}
 
 TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   TrainOptions o;
-  try {
-    read_optional(j, "data", o.data);
-    read_optional(j, "epochs", o.epochs);
-    read_optional(j, "batch", o.batch);
-    read_optional(j, "lr", o.lr);
-    read_optional(j, "min_lr", o.min_lr);
-    read_optional(j, "warmup_epochs", o.warmup_epochs);
-    read_optional(j, "label_smoothing", o.label_smoothing);
-    if (j.contains("optimizer")) {
-      const json& op = j.at("optimizer");
-      read_optional(op, "kind", o.optimizer.kind);
-      read_optional(op, "momentum", o.optimizer.momentum);
-      read_optional(op, "nesterov", o.optimizer.nesterov);
-      read_optional(op, "weight_decay", o.optimizer.weight_decay);
-      read_optional(op, "beta1", o.optimizer.beta1);
-      read_optional(op, "beta2", o.optimizer.beta2);
-      read_optional(op, "eps", o.optimizer.eps);
-    }
-    if (j.contains("augment")) {
-      const json& a = j.at("augment");
-      read_optional(a, "pad", o.augment.pad);
-      read_optional(a, "hflip", o.augment.hflip);
-      read_optional(a, "erase_prob", o.augment.erase_prob);
-      read_optional(a, "erase_min_area", o.augment.erase_min_area);
-      read_optional(a, "erase_max_area", o.augment.erase_max_area);
-    }
-    read_optional(j, "seed", o.seed);
-    read_optional(j, "workers", o.workers);
-    read_optional(j, "eval_batch", o.eval_batch);
-    read_optional(j, "eval_each_epoch", o.eval_each_epoch);
-    read_optional(j, "out", o.out);
-    read_optional(j, "max_steps", o.max_steps);
-    read_optional(j, "checkpoint_minutes", o.checkpoint_minutes);
-  } catch (const json::exception& e) {
-    RELPOS_FAIL("training options in the checkpoint are incomplete (" << e.what() << ")");
-  }
+  each_option(o, ReaderVisitor{detail::JsonReader(j, "training options", /*strict=*/false)});
   return o;
 }
 
 namespace detail {
 
+namespace {
+template <class Log, class F>
+void each_log_field(Log& e, F&& f) {
+  f("epoch", e.epoch);
+  f("lr", e.lr);
+  f("train_loss", e.train_loss);
+  f("train_acc", e.train_acc);
+  f("test_loss", e.test_loss);
+  f("test_acc", e.test_acc);
+  f("seconds", e.seconds);
+  f("img_per_s", e.img_per_s);
+}
+}  // namespace
+
 json epoch_log_json(const EpochLog& e) {
-  return {{"epoch", e.epoch},       {"lr", e.lr},           {"train_loss", e.train_loss}, {"train_acc", e.train_acc},
-          {"test_loss", e.test_loss}, {"test_acc", e.test_acc}, {"seconds", e.seconds},     {"img_per_s", e.img_per_s}};
+  json j = json::object();
+  each_log_field(e, Writer{j});
+  return j;
 }
 
 EpochLog epoch_log_from(const json& j) {
   EpochLog e;
-  e.epoch = j.at("epoch").get<int>();
-  e.lr = j.at("lr").get<float>();
-  e.train_loss = j.at("train_loss").get<double>();
-  e.train_acc = j.at("train_acc").get<double>();
-  e.test_loss = j.at("test_loss").get<double>();
-  e.test_acc = j.at("test_acc").get<double>();
-  e.seconds = j.at("seconds").get<double>();
-  e.img_per_s = j.at("img_per_s").get<double>();
+  each_log_field(e, ReaderVisitor{JsonReader(j, "training history", /*strict=*/false)});
   return e;
 }
 
@@ -113,14 +139,10 @@ void save_checkpoint(const std::string& path, const Model& model, const Optimize
                          {"loss_sum", p.loss_sum}, {"correct", p.correct},
                          {"seen", p.seen},         {"seconds", p.seconds},
                          {"run_seconds", p.run_seconds}, {"history", hist}};
-  write_safetensors(path, tensors,
-                    {{"format", "pt"},
-                     {"relpos.format", "relpos-checkpoint"},
-                     {"relpos.config", model.network().config().to_json().dump()},
-                     {"relpos.labels", json(model.labels()).dump()},
-                     {"relpos.preprocess", model.preprocess().to_json().dump()},
-                     {"relpos.train_options", options.to_json().dump()},
-                     {"relpos.progress", progress.dump()}});
+  auto meta = model_metadata(model, "relpos-checkpoint");
+  meta["relpos.train_options"] = options.to_json().dump();
+  meta["relpos.progress"] = progress.dump();
+  write_safetensors(path, tensors, meta);
 }
 
 Checkpoint load_checkpoint(const std::string& path) {

@@ -10,6 +10,7 @@
 
 #include "relpos/error.hpp"
 #include "relpos/trainer.hpp"
+#include "train/plots.hpp"
 
 namespace relpos {
 

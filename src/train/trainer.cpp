@@ -1,8 +1,6 @@
 // The training loop and evaluation.
 #include "relpos/trainer.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,11 +10,11 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/duration_text.hpp"
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "train/checkpoint.hpp"
+#include "train/plots.hpp"
 
 namespace relpos {
 
@@ -27,43 +25,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-
-// A one-line progress bar on a terminal; on a pipe, a line every 10% of the epoch.
-class Progress {
- public:
-  explicit Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {}
-  void update(int epoch, int epochs, std::size_t batch, std::size_t batches, double img_s, double loss, double acc,
-              float lr, double eta_epoch, double eta_run) {
-    if (!enabled_) return;
-    const double frac = static_cast<double>(batch) / static_cast<double>(std::max<std::size_t>(1, batches));
-    if (tty_) {
-      if (seconds_since(last_) < 0.25 && batch < batches) return;
-    } else {
-      const int decile = static_cast<int>(frac * 10);
-      if (decile == last_decile_ || batch == batches) return;
-      last_decile_ = decile;
-    }
-    last_ = Clock::now();
-    const int width = 24, filled = static_cast<int>(frac * width);
-    std::ostringstream os;
-    os << "epoch " << epoch << "/" << epochs << " [" << std::string(static_cast<std::size_t>(filled), '#')
-       << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << std::setw(3)
-       << static_cast<int>(frac * 100) << "% " << batch << "/" << batches << "  " << std::fixed << std::setprecision(0)
-       << img_s << " img/s  loss " << std::setprecision(4) << loss << "  acc " << std::setprecision(2) << 100 * acc
-       << "%  lr " << std::setprecision(4) << lr << "  ETA " << detail::duration_text(eta_epoch) << " (run " << detail::duration_text(eta_run) << ")";
-    if (tty_) std::cerr << "\r" << os.str() << "\033[K" << std::flush;
-    else std::cerr << os.str() << "\n";
-  }
-  void end_line() {
-    if (enabled_ && tty_) std::cerr << "\r\033[K";
-    last_decile_ = -1;
-  }
-
- private:
-  bool enabled_, tty_;
-  Clock::time_point last_ = Clock::now() - std::chrono::seconds(1);
-  int last_decile_ = -1;
-};
 
 int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_element(row, row + n) - row); }
 
@@ -131,7 +92,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     model = std::move(*ck->model);
     model.to(device);
     opts = ck->options;  // the recipe comes from the checkpoint; how to run it from this call
-    opts.progress = options.progress;
+    opts.on_event = options.on_event;
     opts.workers = options.workers;
     opts.max_steps = options.max_steps;
     opts.checkpoint_minutes = options.checkpoint_minutes;
@@ -176,7 +137,12 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   sched.total_steps = static_cast<long>(per_epoch) * opts.epochs;
 
   TrainResult result;
-  Progress bar(opts.progress);
+  const auto report = [&](TrainEvent ev) {
+    if (!opts.on_event) return;
+    ev.epoch = prog.epoch + 1;
+    ev.epochs = opts.epochs;
+    opts.on_event(ev);
+  };
   const auto run_start = Clock::now();
   const double run_before = prog.run_seconds;
   auto last_save = Clock::now();
@@ -220,11 +186,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       const double step_s = (prog.seconds - epoch_before) / static_cast<double>(done_now);
       const double left_epoch = static_cast<double>(per_epoch - prog.batch_in_epoch) * step_s;
       const double left_run = left_epoch + static_cast<double>((opts.epochs - prog.epoch - 1) * per_epoch) * step_s;
-      bar.update(prog.epoch + 1, opts.epochs, prog.batch_in_epoch, per_epoch, img_s, prog.loss_sum / prog.seen,
-                 prog.correct / prog.seen, lr, left_epoch, left_run);
+      TrainEvent ev;
+      ev.batch = prog.batch_in_epoch;
+      ev.batches = per_epoch;
+      ev.img_per_s = img_s;
+      ev.loss = prog.loss_sum / prog.seen;
+      ev.acc = prog.correct / prog.seen;
+      ev.lr = lr;
+      ev.eta_epoch = left_epoch;
+      ev.eta_run = left_run;
+      report(ev);
       const bool stop_now = (stop && stop->load()) || (opts.max_steps > 0 && prog.step >= opts.max_steps);
       if (stop_now) {
-        bar.end_line();
         net.release_saved();
         net.prepare_inference();
         save();
@@ -240,7 +213,6 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
         save();
       }
     }
-    bar.end_line();
     train_seconds = result.step_seconds;
     net.release_saved();
     net.prepare_inference();
@@ -257,15 +229,12 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       e.test_acc = ev.top1;
     }
     prog.history.push_back(e);
-    if (opts.progress) {
-      std::ostringstream os;
-      os << std::fixed << "epoch " << e.epoch << "/" << opts.epochs << ": train loss " << std::setprecision(4)
-         << e.train_loss << ", acc " << std::setprecision(2) << 100 * e.train_acc << "%";
-      if (test_data)
-        os << ", test loss " << std::setprecision(4) << e.test_loss << ", test acc " << std::setprecision(2)
-           << 100 * e.test_acc << "%";
-      os << "; " << std::setprecision(0) << e.img_per_s << " img/s, " << detail::duration_text(e.seconds);
-      std::cerr << os.str() << "\n";
+    {
+      TrainEvent ev;
+      ev.kind = TrainEvent::Kind::EpochEnd;
+      ev.lr = lr;
+      ev.log = e;
+      report(ev);
     }
     ++prog.epoch;  // done: the checkpoint records where the next epoch starts
     prog.batch_in_epoch = 0;
@@ -275,7 +244,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     try {  // a picture is not worth failing a run for
       plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
     } catch (const Error& e) {
-      std::cerr << "warning: learning curves not drawn: " << e.what() << "\n";
+      TrainEvent ev;
+      ev.kind = TrainEvent::Kind::Message;
+      ev.message = std::string("learning curves not drawn: ") + e.what();
+      report(ev);
     }
   }
   model.save_json((fs::path(opts.out) / "model.json").string());

@@ -7,6 +7,7 @@
 
 #include "cpu/dnnl_util.hpp"
 #include "relpos/attention_ops.hpp"
+#include "core/ops_internal.hpp"
 #include "relpos/ops.hpp"
 
 using namespace relpos;

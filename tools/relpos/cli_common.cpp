@@ -1,7 +1,5 @@
 #include "cli_common.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -9,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cli {
@@ -66,7 +63,7 @@ void set_threads(int threads) {
   if (threads > 0) relpos::set_num_threads(std::min(threads, kMaxThreads));
 }
 
-int threads_in_use() { return omp_get_max_threads(); }
+int threads_in_use() { return relpos::threads_in_use(); }
 
 int& exit_status() {
   static int status = 0;
@@ -77,26 +74,7 @@ Model ModelOptions::load() const {
   LoadOptions opt;
   opt.config = config;
   opt.device = run.apply();
-  // A config (file with "stages", or a shipped name) gives a model with random weights.
-  const bool exists = fs::exists(model);
-  const auto ends_with = [&](const char* ext) {
-    const std::string e(ext);
-    return model.size() >= e.size() && model.compare(model.size() - e.size(), e.size(), e) == 0;
-  };
-  if (!exists && (model.find('/') != std::string::npos || ends_with(".json") || ends_with(".safetensors")))
-    RELPOS_FAIL(model << ": no such file");
-  bool is_config = !exists;
-  if (!is_config && !fs::is_directory(model) && model.size() > 5 &&
-      model.compare(model.size() - 5, 5, ".json") == 0) {
-    const auto j = nlohmann::json::parse(detail::read_file(model), nullptr, false);
-    is_config = j.is_object() && j.contains("stages") && !j.contains("tensors");
-  }
-  if (is_config) {
-    Model m = Model::create(model);
-    m.to(opt.device);
-    return m;
-  }
-  return Model::load(model, opt);
+  return Model::open(model, opt);
 }
 
 namespace {
@@ -165,7 +143,7 @@ void PreprocessOptions::add(CLI::App* app) {
 
 void PreprocessOptions::apply(Model& model) const {
   Preprocess p = model.preprocess();
-  if (rgb && p.channels != "GRAY") p.channels = *rgb ? "RGB" : "BGR";
+  if (rgb && p.channels != ChannelOrder::Gray) p.channels = *rgb ? ChannelOrder::RGB : ChannelOrder::BGR;
   const std::vector<float> mean_v = per_channel(mean, "--mean", p.in_chans());
   const std::vector<float> std_v = per_channel(std, "--std", p.in_chans());
   if (width) p.width = *width;
@@ -182,9 +160,9 @@ void PreprocessOptions::apply(Model& model) const {
   for (float s : p.std) RELPOS_USAGE_CHECK(s != 0.0f, "--std must not be zero");
   if (crop) p.crop = *crop;
   if (crop_pct) p.crop_pct = *crop_pct;
-  if (crop_mode) p.crop_mode = *crop_mode;
-  if (interpolation) p.interpolation = *interpolation;
-  if (tta) p.tta = *tta;
+  if (crop_mode) p.crop_mode = parse_crop_mode(*crop_mode);
+  if (interpolation) p.interpolation = parse_interpolation(*interpolation);
+  if (tta) p.tta = parse_tta(*tta);
   model.set_preprocess(p);
   if (!labels.empty()) model.set_labels(read_labels(labels));
 }
@@ -207,10 +185,10 @@ std::string preprocess_flags(const Preprocess& p) {
   std::ostringstream os;
   const int c = p.in_chans();
   os << "--width " << p.width << " --height " << p.height;
-  if (p.channels != "GRAY") os << (p.channels == "RGB" ? " --rgb" : " --bgr");
-  if (p.crop) os << " --crop --crop-mode " << p.crop_mode << " --crop-pct " << p.crop_pct;
+  if (p.channels != ChannelOrder::Gray) os << (p.channels == ChannelOrder::RGB ? " --rgb" : " --bgr");
+  if (p.crop) os << " --crop --crop-mode " << to_string(p.crop_mode) << " --crop-pct " << p.crop_pct;
   else os << " --no-crop";
-  os << " --interpolation " << p.interpolation << " --scale " << shortest(p.scale) << " --mean ";
+  os << " --interpolation " << to_string(p.interpolation) << " --scale " << shortest(p.scale) << " --mean ";
   // pixel units, to 7 digits (the float mean times the float scale is the model's mean to within
   // float rounding)
   for (int i = 0; i < c; ++i)
@@ -218,7 +196,7 @@ std::string preprocess_flags(const Preprocess& p) {
        << static_cast<double>(p.mean[static_cast<std::size_t>(i)]) / static_cast<double>(p.scale);
   os << " --std ";
   for (int i = 0; i < c; ++i) os << (i ? "," : "") << shortest(p.std[static_cast<std::size_t>(i)]);
-  os << " --tta " << p.tta;
+  os << " --tta " << to_string(p.tta);
   return os.str();
 }
 

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "cli_common.hpp"
+#include "train_progress.hpp"
 #include "relpos/error.hpp"
 #include "relpos/trainer.hpp"
 
@@ -37,7 +39,7 @@ struct TrainArgs {
 void run(TrainArgs a) {
   const Device device = a.run.apply();
   if (a.no_flip) a.opt.augment.hflip = false;
-  if (a.quiet) a.opt.progress = false;
+  a.opt.on_event = TrainProgress(a.quiet);
   if (a.no_eval) a.opt.eval_each_epoch = false;
   RELPOS_CHECK(!a.config.empty() || !a.resume.empty(), "give --config (a new run) or --resume (a checkpoint)");
   Model model = a.resume.empty() ? Model::create(a.config, a.init_seed) : load_checkpoint_model(a.resume);
@@ -45,7 +47,7 @@ void run(TrainArgs a) {
   if (a.resume.empty())
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
               << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
-              << a.opt.epochs << " epochs of batch " << a.opt.batch << ", " << a.opt.optimizer.kind << " lr " << a.opt.lr
+              << a.opt.epochs << " epochs of batch " << a.opt.batch << ", " << to_string(a.opt.optimizer.kind) << " lr " << a.opt.lr
               << ", " << threads_in_use() << " threads, " << to_string(device) << "; writing " << a.opt.out << "/\n";
   else
     std::cerr << "relpos: resuming " << a.resume << "\n";
@@ -97,8 +99,9 @@ void register_train(CLI::App& app) {
   sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")->capture_default_str();
   sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->capture_default_str();
   sub->add_option("--opt", a->opt.optimizer.kind, "sgd or adamw")
-      ->check(CLI::IsMember({"sgd", "adamw"}))
-      ->capture_default_str();
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, OptimizerKind>{{"sgd", OptimizerKind::SGD}, {"adamw", OptimizerKind::AdamW}}))
+      ->default_str(to_string(a->opt.optimizer.kind));
   sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->capture_default_str();
   sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
   sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->capture_default_str();

@@ -1,8 +1,11 @@
 // relpos: command-line tool for BoTNet / SASA image models with 2D relative positions.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "cli_common.hpp"
 #include "relpos/error.hpp"
+#include "relpos/runtime.hpp"
 
 namespace {
 // The subcommand the user named (the deepest one parsed), or the app itself.
@@ -27,6 +30,11 @@ int main(int argc, char** argv) {
   CLI::App app{"relpos: image classification with 2D relative-position self-attention (BoTNet, SASA)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "relpos 0.1.0");
+  // The library's messages (skipped images, ...) on their own line, clear of a progress bar.
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  relpos::set_log_handler([tty](const std::string& message) {
+    std::cerr << (tty ? "\r\033[K" : "") << "relpos: " << message << "\n";
+  });
   relpos::cli::register_classify(app);
   relpos::cli::register_eval(app);
   relpos::cli::register_train(app);

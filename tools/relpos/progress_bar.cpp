@@ -1,6 +1,6 @@
 #include "progress_bar.hpp"
 
-#include "core/duration_text.hpp"
+#include "duration_text.hpp"
 
 #include <unistd.h>
 
@@ -39,7 +39,7 @@ void ProgressBar::update(std::size_t done, std::size_t total) {
   std::cerr << "\r" << what_ << " [" << std::string(static_cast<std::size_t>(filled), '#')
             << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << done << "/" << total << "  "
             << std::fixed << std::setprecision(1) << static_cast<double>(done) / elapsed << " img/s  ETA "
-            << detail::duration_text(eta) << "\033[K" << std::flush;
+            << duration_text(eta) << "\033[K" << std::flush;
 }
 
 void ProgressBar::finish() {

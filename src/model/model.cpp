@@ -1,11 +1,18 @@
+// Model: a network with its class labels and preprocessing; loading, creating and saving it
+// (through the file formats of src/io/weights_file.cpp) and running it on images.
 #include "relpos/model.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
+#include "core/runtime_internal.hpp"
+#include "io/atomic_file.hpp"
+#include "io/weights_file.hpp"
 #include "relpos/error.hpp"
-#include "relpos/ops.hpp"
+#include "relpos/safetensors.hpp"
 
 namespace relpos {
 
@@ -23,7 +30,7 @@ void Model::set_labels(std::vector<std::string> labels) {
 
 void Model::set_preprocess(const Preprocess& p) {
   RELPOS_CHECK(p.in_chans() == network_.config().in_chans,
-               "preprocessing gives " << p.in_chans() << "-channel input (" << p.channels << ") but "
+               "preprocessing gives " << p.in_chans() << "-channel input (" << to_string(p.channels) << ") but "
                                       << network_.config().name << " takes " << network_.config().in_chans);
   preprocess_ = p;
 }
@@ -44,7 +51,7 @@ Tensor mirrored(const Tensor& batch) {
 Tensor Model::logits(const Tensor& batch) const {
   detail::apply_thread_setting();
   Tensor out = network_.infer(batch.to(network_.device())).to(Device::CPU);
-  if (preprocess_.tta == "hflip") {
+  if (preprocess_.tta == Tta::HFlip) {
     const Tensor flipped = network_.infer(mirrored(batch).to(network_.device())).to(Device::CPU);
     float* o = out.data();
     const float* f = flipped.data();
@@ -100,5 +107,73 @@ std::vector<Tensor> Model::features(const std::vector<cv::Mat>& images) const {
 }
 
 std::vector<Tensor> Model::features(const cv::Mat& image) const { return features(std::vector<cv::Mat>{image}); }
+
+Model Model::load(const std::string& path, const LoadOptions& options) {
+  detail::ModelFile fc = detail::read_weights_file(path, options.config);
+  Network net(fc.config, 0, /*initialize=*/false);
+  detail::assign_tensors(net, fc.tensors, path);
+  const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
+  Model m(std::move(net), std::move(fc.labels), pre);
+  m.to(options.device);
+  return m;
+}
+
+Model Model::create(const std::string& config, std::uint32_t seed) {
+  detail::ModelFile fc = detail::read_config_file(config);
+  const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
+  return Model(Network(fc.config, seed), std::move(fc.labels), pre);
+}
+
+Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string path = path_or_name;
+  if (!fs::exists(path, ec)) {
+    // not a file: the name of a shipped model or config (models/<name>.json), else an error
+    const bool looks_like_path = path.find('/') != std::string::npos || path.find('.') != std::string::npos;
+    RELPOS_CHECK(!looks_like_path, path << ": no such file");
+    path = find_config(path_or_name);
+  }
+  if (detail::model_file_kind(path) != detail::ModelFileKind::Config) return load(path, options);
+  Model m = create(path, options.seed);
+  m.to(options.device);
+  return m;
+}
+
+void Model::save_json(const std::string& path, TensorEncoding encoding) const {
+  const std::string text = detail::weights_json_text(*this, encoding);
+  detail::write_atomically(path, [&](std::ostream& out) { out << text << '\n'; });
+}
+
+void Model::save_safetensors(const std::string& path) const {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const ParamRef& p : network_.params()) tensors.emplace_back(p.name, *p.value);
+  write_safetensors(path, tensors, detail::model_metadata(*this, "relpos-weights"));
+}
+
+Preprocess default_preprocess(const ModelConfig& config) {
+  Preprocess p;
+  p.height = config.input_size[0];
+  p.width = config.input_size[1];
+  if (config.in_chans == 1) {
+    p.channels = ChannelOrder::Gray;
+    p.mean = {0.5f, 0.5f, 0.5f};
+    p.std = {0.5f, 0.5f, 0.5f};
+  }
+  return p;
+}
+
+std::vector<std::string> read_labels(const std::string& path) {
+  std::ifstream in(path);
+  RELPOS_CHECK(in, "cannot open labels file '" << path << "'");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty()) out.push_back(line);
+  }
+  RELPOS_CHECK(!out.empty(), path << ": no labels in the file");
+  return out;
+}
 
 }  // namespace relpos

@@ -1,25 +1,8 @@
-// Routes each op to the backend that holds its inputs.
-#include <omp.h>
-
-#include <atomic>
+// The ops of relpos/ops.hpp and core/ops_internal.hpp: each routed to the backend that holds its
+// inputs.
 #include <initializer_list>
 
-#include "core/op_profile.hpp"
-#include "cpu/cpu_ops.hpp"
-#include "relpos/error.hpp"
-#ifdef RELPOS_WITH_CUDA
-#include "cuda/cuda_ops.hpp"
-#define RELPOS_DISPATCH(t, fn, ...)                          \
-  detail::apply_thread_setting();                             \
-  const detail::OpTimer relpos_op_timer_(#fn, (t).is_cuda()); \
-  return (t).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
-#else
-#define RELPOS_DISPATCH(t, fn, ...)                   \
-  detail::apply_thread_setting();                      \
-  const detail::OpTimer relpos_op_timer_(#fn, false); \
-  return cpu::fn(__VA_ARGS__)
-#endif
-
+#include "core/dispatch.hpp"
 namespace relpos {
 
 Act parse_act(const std::string& s) {
@@ -38,59 +21,12 @@ std::string to_string(Act a) {
   return "?";
 }
 
-namespace {
-std::atomic<bool> g_allow_tf32{false};
-std::atomic<int> g_num_threads{0};
-}  // namespace
-
-void set_num_threads(int n) {
-  RELPOS_CHECK(n >= 0 && n <= 1024, "set_num_threads: " << n << " threads (0 to 1024)");
-  g_num_threads = n;
-  detail::apply_thread_setting();
-}
-int num_threads() { return g_num_threads; }
-
-void detail::apply_thread_setting() {
-  const int n = g_num_threads;
-  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
-}
-void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
-bool allow_tf32() { return g_allow_tf32; }
-
-std::shared_ptr<void> OpCache::find(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = plans_.find(key);
-  return it == plans_.end() ? nullptr : it->second;
-}
-
-void OpCache::put(const std::string& key, std::shared_ptr<void> plan) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  plans_.emplace(key, std::move(plan));
-}
-
-void OpCache::clear() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  plans_.clear();
-}
-
-void OpCache::use_weights(const void* data, std::int64_t numel) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (data == weights_ && numel == weights_numel_) return;
-  plans_.clear();
-  weights_ = data;
-  weights_numel_ = numel;
-}
-
 namespace ops {
-namespace {
-void same_device(const char* op, const Tensor& x, std::initializer_list<const Tensor*> others) {
-  for (const Tensor* t : others)
-    RELPOS_CHECK(t == nullptr || !t->defined() || t->device() == x.device(),
-                 op << ": inputs on different devices (" << to_string(x.device()) << " and "
-                    << to_string(t->device()) << ")");
-}
-}  // namespace
 
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
+              const Epilogue& epilogue) {
+  return conv2d(x, w, bias, spec, epilogue, nullptr);
+}
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
               const Epilogue& epilogue, OpCache* cache) {
   same_device("conv2d", x, {&w, bias, epilogue.residual});
@@ -153,30 +89,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   same_device("matmul", a, {&b});
   RELPOS_DISPATCH(a, matmul, a, b, trans_a, trans_b);
 }
-Tensor bot_attention(const Tensor& qkv, const Tensor& pos_h, const Tensor& pos_w, const BotAttnSpec& spec,
-                     Tensor* probs) {
-  RELPOS_DISPATCH(qkv, bot_attention, qkv, pos_h, pos_w, spec, probs);
-}
-BotAttnGrads bot_attention_backward(const Tensor& qkv, const Tensor& pos_h, const Tensor& pos_w,
-                                    const BotAttnSpec& spec, const Tensor& probs, const Tensor& dout) {
-  same_device("attention backward", qkv, {&probs, &dout});
-  RELPOS_DISPATCH(qkv, bot_attention_backward, qkv, pos_h, pos_w, spec, probs, dout);
-}
-Tensor rel_pos_logits(const Tensor& q, const Tensor& table_h, const Tensor& table_w, int height, int width,
-                      int clip) {
-  same_device("rel_pos_logits", q, {&table_h, &table_w});
-  RELPOS_DISPATCH(q, rel_pos_logits, q, table_h, table_w, height, width, clip);
-}
-Tensor sasa_attention(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
-                      Tensor* probs) {
-  RELPOS_DISPATCH(qkv, sasa_attention, qkv, r_row, r_col, spec, probs);
-}
-SasaGrads sasa_attention_backward(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
-                                  const Tensor& probs, const Tensor& dout) {
-  same_device("local attention backward", qkv, {&probs, &dout});
-  RELPOS_DISPATCH(qkv, sasa_attention_backward, qkv, r_row, r_col, spec, probs, dout);
-}
-
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, bool nesterov,
                 float weight_decay, bool first_step) {
   same_device("sgd", param, {&grad, &momentum_buf});

@@ -1,20 +1,18 @@
-// Loading and saving models: the relpos weights JSON (docs/formats.md) and safetensors files
-// (timm's, or relpos's own with the config, labels and preprocessing in __metadata__).
+// The model file formats (docs/formats.md).
+#include "io/weights_file.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <set>
 
-#include "io/atomic_file.hpp"
 #include "io/base64.hpp"
-#include "io/model_file.hpp"
+#include "io/json_reader.hpp"
 #include "relpos/error.hpp"
-#include "relpos/model.hpp"
 #include "relpos/safetensors.hpp"
 
-namespace relpos {
+namespace relpos::detail {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
@@ -23,14 +21,6 @@ namespace {
 
 constexpr const char* kFormat = "relpos-weights";
 constexpr int kVersion = 1;
-
-struct FileContents {
-  ModelConfig config;
-  std::vector<std::string> labels;
-  bool has_preprocess = false;
-  Preprocess preprocess;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-};
 
 // An array of strings, or the name of a labels list shipped in models_dir() ("imagenet-1k" reads
 // models/imagenet-1k.txt, one label per line).
@@ -69,7 +59,7 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
     RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
     std::vector<unsigned char> bytes;
     try {
-      bytes = detail::base64_decode(data.get_ref<const std::string&>());
+      bytes = base64_decode(data.get_ref<const std::string&>());
     } catch (const Error& e) {
       RELPOS_FAIL("tensor '" << name << "': " << e.what());
     }
@@ -94,13 +84,8 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
   }
 }
 
-FileContents read_json_weights(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(detail::read_file(path));
-  } catch (const json::exception& e) {
-    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
-  }
+ModelFile read_json_weights(const std::string& path) {
+  const json j = read_json_file(path);
   RELPOS_CHECK(j.is_object(), path << ": not a relpos weights file (not a JSON object)");
   if (!j.contains("format")) {
     RELPOS_CHECK(!j.contains("stages"), path << ": this is a model config without weights; create a model from it "
@@ -113,14 +98,13 @@ FileContents read_json_weights(const std::string& path) {
   const int version = j["version"].get<int>();
   RELPOS_CHECK(version == kVersion, path << ": weights format version " << version
                                          << " is not supported (this relpos reads version " << kVersion << ")");
-  FileContents fc;
+  ModelFile fc;
   RELPOS_CHECK(j.contains("config"), path << ": missing \"config\"");
   try {
     fc.config = ModelConfig::from_json(j["config"]);
     if (j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
     if (j.contains("preprocess")) {
       fc.preprocess = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
-      fc.has_preprocess = true;
     }
     RELPOS_CHECK(j.contains("tensors") && j["tensors"].is_object(), "missing \"tensors\" object");
     for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it)
@@ -133,13 +117,13 @@ FileContents read_json_weights(const std::string& path) {
   return fc;
 }
 
-FileContents read_safetensors_weights(const std::string& path, const LoadOptions& options) {
+ModelFile read_safetensors_weights(const std::string& path, const std::string& config) {
   const SafetensorsFile f = SafetensorsFile::read(path);
-  FileContents fc;
+  ModelFile fc;
   const auto& meta = f.metadata();
   try {
-    if (!options.config.empty()) {
-      fc.config = ModelConfig::load(options.config);
+    if (!config.empty()) {
+      fc.config = ModelConfig::load(config);
     } else if (meta.count("relpos.config")) {
       fc.config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
     } else {
@@ -149,7 +133,6 @@ FileContents read_safetensors_weights(const std::string& path, const LoadOptions
     if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
     if (meta.count("relpos.preprocess")) {
       fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
-      fc.has_preprocess = true;
     }
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": bad relpos metadata (" << e.what() << ")");
@@ -165,18 +148,103 @@ FileContents read_safetensors_weights(const std::string& path, const LoadOptions
   return fc;
 }
 
-bool looks_like_json(const std::string& path) {
+}  // namespace
+
+ModelFileKind model_file_kind(const std::string& path) {
+  std::error_code ec;
+  RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
+  RELPOS_CHECK(!std::filesystem::is_directory(path, ec),
+               path << ": is a directory; expected a model file (.json or .safetensors)");
   std::ifstream in(path, std::ios::binary);
-  RELPOS_CHECK(in, "cannot open model file '" << path << "'");
+  RELPOS_CHECK(in, path << ": cannot open the file");
   char c;
-  while (in.get(c))
-    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  while (in.get(c)) {
+    if (std::isspace(static_cast<unsigned char>(c))) continue;
+    if (c != '{') return ModelFileKind::Safetensors;
+    // JSON: a config has "stages" and no "tensors" (read_weights_file says what else is wrong)
+    const json j = json::parse(std::ifstream(path), nullptr, /*allow_exceptions=*/false);
+    return j.is_object() && j.contains("stages") && !j.contains("tensors") ? ModelFileKind::Config
+                                                                          : ModelFileKind::WeightsJson;
+  }
   RELPOS_FAIL(path << ": empty file");
 }
 
-}  // namespace
+ModelFile read_weights_file(const std::string& path, const std::string& config) {
+  const ModelFileKind kind = model_file_kind(path);
+  RELPOS_CHECK(kind != ModelFileKind::Config,
+               path << ": this is a model config without weights; create a model from it (relpos train --config, "
+                       "Model::create or Model::open) or pass weights");
+  ModelFile fc = kind == ModelFileKind::WeightsJson ? read_json_weights(path) : read_safetensors_weights(path, config);
+  if (!config.empty() && (!fc.preprocess || fc.labels.empty())) {
+    // a shipped config may carry the preprocessing and labels its weights were trained with
+    ModelFile c = read_config_file(config);
+    if (!fc.preprocess) fc.preprocess = c.preprocess;
+    if (fc.labels.empty()) fc.labels = std::move(c.labels);
+  }
+  return fc;
+}
 
-void detail::assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors,
+ModelFile read_config_file(const std::string& path_or_name) {
+  const std::string path = find_config(path_or_name);
+  ModelFile fc;
+  json j = read_json_file(path);  // parsed once for the config, its labels and its preprocessing
+  RELPOS_CHECK(j.is_object(), path << ": a model config must be a JSON object");
+  try {
+    json config = j;
+    config.erase("labels");
+    config.erase("preprocess");
+    fc.config = ModelConfig::from_json(config);
+    if (j.contains("labels")) fc.labels = labels_from(j["labels"], path + ": labels");
+    if (j.contains("preprocess")) fc.preprocess = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
+  } catch (const Error& e) {
+    RELPOS_FAIL(naming(path, e.what()));
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(path << ": unexpected JSON structure in the model config (" << e.what() << ")");
+  }
+  return fc;
+}
+
+std::string weights_json_text(const Model& model, TensorEncoding encoding) {
+  ojson j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["config"] = model.network().config().to_json();
+  j["labels"] = model.labels();
+  j["preprocess"] = model.preprocess().to_json();
+  ojson tensors = ojson::object();
+  for (const ParamRef& p : model.network().params()) {
+    const Tensor t = p.value->to(Device::CPU).contiguous();
+    ojson e;
+    e["shape"] = t.shape();
+    e["dtype"] = "float32";
+    if (encoding == TensorEncoding::Base64) {
+      e["encoding"] = "base64";
+      e["data"] = base64_encode(t.data(), t.bytes());
+    } else {
+      ojson values = ojson::array();
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        const float v = t.data()[i];
+        RELPOS_CHECK(std::isfinite(v), "tensor '" << p.name << "' holds " << v
+                                                  << ", which plain JSON numbers cannot store; save with base64");
+        values.push_back(static_cast<double>(v));
+      }
+      e["data"] = std::move(values);
+    }
+    tensors[p.name] = std::move(e);
+  }
+  j["tensors"] = std::move(tensors);
+  return j.dump(encoding == TensorEncoding::Base64 ? -1 : 1);
+}
+
+std::map<std::string, std::string> model_metadata(const Model& model, const std::string& format) {
+  return {{"format", "pt"},
+          {"relpos.format", format},
+          {"relpos.config", model.network().config().to_json().dump()},
+          {"relpos.labels", json(model.labels()).dump()},
+          {"relpos.preprocess", model.preprocess().to_json().dump()}};
+}
+
+void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors,
                             const std::string& source) {
   std::map<std::string, Tensor*> given;
   for (auto& [name, t] : tensors) {
@@ -206,109 +274,4 @@ void detail::assign_tensors(Network& net, std::vector<std::pair<std::string, Ten
   net.prepare_inference();
 }
 
-Preprocess default_preprocess(const ModelConfig& config) {
-  Preprocess p;
-  p.height = config.input_size[0];
-  p.width = config.input_size[1];
-  if (config.in_chans == 1) {
-    p.channels = "GRAY";
-    p.mean = {0.5f, 0.5f, 0.5f};
-    p.std = {0.5f, 0.5f, 0.5f};
-  }
-  return p;
-}
-
-std::vector<std::string> read_labels(const std::string& path) {
-  std::ifstream in(path);
-  RELPOS_CHECK(in, "cannot open labels file '" << path << "'");
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    if (!line.empty()) out.push_back(line);
-  }
-  RELPOS_CHECK(!out.empty(), path << ": no labels in the file");
-  return out;
-}
-
-Model Model::load(const std::string& path, const LoadOptions& options) {
-  std::error_code ec;
-  RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
-  RELPOS_CHECK(!std::filesystem::is_directory(path, ec),
-               path << ": is a directory; expected a model file (.json or .safetensors)");
-  FileContents fc = looks_like_json(path) ? read_json_weights(path) : read_safetensors_weights(path, options);
-  Network net(fc.config, 0, /*initialize=*/false);
-  detail::assign_tensors(net, fc.tensors, path);
-  Preprocess pre = fc.has_preprocess ? fc.preprocess : default_preprocess(fc.config);
-  if (!fc.has_preprocess && !options.config.empty()) {
-    // a shipped config may carry the preprocessing its weights were trained with
-    json j = json::parse(detail::read_file(find_config(options.config)));
-    if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
-    if (fc.labels.empty() && j.contains("labels")) fc.labels = labels_from(j["labels"], "labels");
-  }
-  Model m(std::move(net), std::move(fc.labels), pre);
-  m.to(options.device);
-  return m;
-}
-
-Model Model::create(const std::string& config, std::uint32_t seed) {
-  const std::string path = find_config(config);
-  json j;
-  try {
-    j = json::parse(detail::read_file(path));
-  } catch (const json::exception& e) {
-    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
-  }
-  ModelConfig cfg = ModelConfig::load(path);
-  std::vector<std::string> labels;
-  Preprocess pre = default_preprocess(cfg);
-  if (j.contains("labels")) labels = labels_from(j["labels"], path);
-  if (j.contains("preprocess")) pre = Preprocess::from_json(j["preprocess"], default_preprocess(cfg));
-  return Model(Network(cfg, seed), std::move(labels), pre);
-}
-
-void Model::save_json(const std::string& path, TensorEncoding encoding) const {
-  ojson j;
-  j["format"] = kFormat;
-  j["version"] = kVersion;
-  j["config"] = network_.config().to_json();
-  j["labels"] = labels_;
-  j["preprocess"] = preprocess_.to_json();
-  ojson tensors = ojson::object();
-  for (const ParamRef& p : network_.params()) {
-    const Tensor t = p.value->to(Device::CPU).contiguous();
-    ojson e;
-    e["shape"] = t.shape();
-    e["dtype"] = "float32";
-    if (encoding == TensorEncoding::Base64) {
-      e["encoding"] = "base64";
-      e["data"] = detail::base64_encode(t.data(), t.bytes());
-    } else {
-      ojson values = ojson::array();
-      for (std::int64_t i = 0; i < t.numel(); ++i) {
-        const float v = t.data()[i];
-        RELPOS_CHECK(std::isfinite(v), "tensor '" << p.name << "' holds " << v
-                                                  << ", which plain JSON numbers cannot store; save with base64");
-        values.push_back(static_cast<double>(v));
-      }
-      e["data"] = std::move(values);
-    }
-    tensors[p.name] = std::move(e);
-  }
-  j["tensors"] = std::move(tensors);
-  const std::string text = j.dump(encoding == TensorEncoding::Base64 ? -1 : 1);
-  detail::write_atomically(path, [&](std::ostream& out) { out << text << '\n'; });
-}
-
-void Model::save_safetensors(const std::string& path) const {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const ParamRef& p : network_.params()) tensors.emplace_back(p.name, *p.value);
-  write_safetensors(path, tensors,
-                    {{"format", "pt"},
-                     {"relpos.format", kFormat},
-                     {"relpos.config", network_.config().to_json().dump()},
-                     {"relpos.labels", json(labels_).dump()},
-                     {"relpos.preprocess", preprocess_.to_json().dump()}});
-}
-
-}  // namespace relpos
+}  // namespace relpos::detail

@@ -1,19 +1,26 @@
 #include <cmath>
 
+#include "io/json_reader.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "relpos/optim.hpp"
 
 namespace relpos {
 
+namespace {
+constexpr detail::EnumName<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::SGD, "sgd"},
+                                                               {OptimizerKind::AdamW, "adamw"}};
+}
+
+std::string to_string(OptimizerKind k) { return detail::enum_name(k, kOptimizerKinds); }
+OptimizerKind parse_optimizer_kind(const std::string& s) { return detail::parse_enum(s, kOptimizerKinds, "optimizer"); }
+
 Optimizer::Optimizer(const OptimizerConfig& config, const std::vector<ParamRef>& params) : config_(config) {
-  RELPOS_CHECK(config.kind == "sgd" || config.kind == "adamw",
-               "unknown optimizer '" << config.kind << "' (expected sgd or adamw)");
   for (const ParamRef& p : params) {
     if (!p.grad) continue;  // buffers
     params_.push_back(p);
     slot1_.push_back(Tensor::zeros(p.value->shape(), p.value->device(), p.value->layout()));
-    slot2_.push_back(config.kind == "adamw" ? Tensor::zeros(p.value->shape(), p.value->device(), p.value->layout())
+    slot2_.push_back(config.kind == OptimizerKind::AdamW ? Tensor::zeros(p.value->shape(), p.value->device(), p.value->layout())
                                             : Tensor());
   }
 }
@@ -24,7 +31,7 @@ void Optimizer::step(float lr) {
     const ParamRef& p = params_[i];
     RELPOS_CHECK(p.grad->defined(), "optimizer: parameter " << p.name << " has no gradient (backward not run?)");
     const float wd = p.no_weight_decay ? 0.0f : config_.weight_decay;
-    if (config_.kind == "sgd")
+    if (config_.kind == OptimizerKind::SGD)
       ops::sgd_update(*p.value, *p.grad, slot1_[i], lr, config_.momentum, config_.nesterov, wd, steps_ == 1);
     else
       ops::adamw_update(*p.value, *p.grad, slot1_[i], slot2_[i], lr, config_.beta1, config_.beta2, config_.eps, wd, steps_);

@@ -1,11 +1,19 @@
 // Augmentation and the background batch loader.
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <numeric>
 
 #include "relpos/data.hpp"
+
+#include "core/runtime_internal.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -70,7 +78,43 @@ void augment_image(float* img, int h, int w, int c, const Augment& aug, const fl
   }
 }
 
+struct DataLoader::Impl {
+  Impl(const Dataset& data, const Preprocess& pre, Options options);
+  void stop();
+  void work();
+  // Works on the epoch's own snapshot: start_epoch() may replace the order meanwhile.
+  Batch make(std::size_t batch_index, const std::vector<std::size_t>& order, int epoch);
+  std::size_t batches_per_epoch() const;
+  void start_epoch(int epoch, std::size_t start_batch);
+  bool next(Batch& out);
+
+  const Dataset& data_;
+  Preprocess pre_;
+  Options opt_;
+  int epoch_ = 0;
+  std::shared_ptr<const std::vector<std::size_t>> order_;  // replaced, never changed, by start_epoch
+  std::size_t next_make_ = 0, next_take_ = 0, end_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::size_t, Batch> ready_;
+  std::map<std::size_t, std::string> errors_;  // batches that could not be assembled
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+  std::uint64_t generation_ = 0;  // bumped by start_epoch; stale work is dropped
+  std::unique_ptr<std::atomic<bool>[]> bad_;  // samples known to be unreadable
+  std::atomic<std::size_t> skipped_count_{0};
+  std::array<float, 3> fill_{};  // the value of a black pixel after preprocessing
+};
+
 DataLoader::DataLoader(const Dataset& data, const Preprocess& pre, Options options)
+    : impl_(std::make_unique<Impl>(data, pre, options)) {}
+DataLoader::~DataLoader() { impl_->stop(); }
+std::size_t DataLoader::batches_per_epoch() const { return impl_->batches_per_epoch(); }
+void DataLoader::start_epoch(int epoch, std::size_t start_batch) { impl_->start_epoch(epoch, start_batch); }
+bool DataLoader::next(Batch& out) { return impl_->next(out); }
+std::size_t DataLoader::skipped() const { return impl_->skipped_count_.load(); }
+
+DataLoader::Impl::Impl(const Dataset& data, const Preprocess& pre, Options options)
     : data_(data), pre_(pre), opt_(options), bad_(new std::atomic<bool>[data.size()]) {
   RELPOS_CHECK(opt_.batch >= 1, "batch size must be at least 1");
   RELPOS_CHECK(data.size() > 0, "the dataset is empty");
@@ -80,9 +124,7 @@ DataLoader::DataLoader(const Dataset& data, const Preprocess& pre, Options optio
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
 }
 
-DataLoader::~DataLoader() { stop(); }
-
-void DataLoader::stop() {
+void DataLoader::Impl::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -92,12 +134,12 @@ void DataLoader::stop() {
   threads_.clear();
 }
 
-std::size_t DataLoader::batches_per_epoch() const {
+std::size_t DataLoader::Impl::batches_per_epoch() const {
   const std::size_t n = data_.size(), b = static_cast<std::size_t>(opt_.batch);
   return opt_.drop_last && n >= b ? n / b : (n + b - 1) / b;
 }
 
-void DataLoader::start_epoch(int epoch, std::size_t start_batch) {
+void DataLoader::Impl::start_epoch(int epoch, std::size_t start_batch) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++generation_;
   epoch_ = epoch;
@@ -115,7 +157,7 @@ void DataLoader::start_epoch(int epoch, std::size_t start_batch) {
   cv_.notify_all();
 }
 
-Batch DataLoader::make(std::size_t index, const std::vector<std::size_t>& order, int epoch) {
+Batch DataLoader::Impl::make(std::size_t index, const std::vector<std::size_t>& order, int epoch) {
   const std::size_t b = static_cast<std::size_t>(opt_.batch);
   const std::size_t begin = index * b, end = std::min(order.size(), begin + b);
   const int c = pre_.in_chans();
@@ -133,7 +175,7 @@ Batch DataLoader::make(std::size_t index, const std::vector<std::size_t>& order,
     } catch (const std::exception& e) {
       if (!bad_[i].exchange(true)) {
         ++skipped_count_;
-        std::cerr << "\nrelpos: skipped " << detail::naming(data_.name(i), e.what()) << "\n";
+        detail::log("skipped " + detail::naming(data_.name(i), e.what()));
       }
       continue;
     }
@@ -147,7 +189,7 @@ Batch DataLoader::make(std::size_t index, const std::vector<std::size_t>& order,
   return out;
 }
 
-void DataLoader::work() {
+void DataLoader::Impl::work() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [&] {
@@ -174,7 +216,7 @@ void DataLoader::work() {
   }
 }
 
-bool DataLoader::next(Batch& out) {
+bool DataLoader::Impl::next(Batch& out) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     if (next_take_ >= end_) return false;

@@ -1,12 +1,11 @@
-// Internal: a duration in seconds as "m:ss" or "h:mm:ss", for progress bars and logs (the
-// trainer's and the command line's).
+// relpos CLI: a duration in seconds as "m:ss" or "h:mm:ss", for progress bars and logs.
 #pragma once
 
 #include <iomanip>
 #include <sstream>
 #include <string>
 
-namespace relpos::detail {
+namespace relpos::cli {
 
 inline std::string duration_text(double seconds) {
   const long t = static_cast<long>(seconds + 0.5);
@@ -17,4 +16,4 @@ inline std::string duration_text(double seconds) {
   return os.str();
 }
 
-}  // namespace relpos::detail
+}  // namespace relpos::cli

@@ -1,0 +1,32 @@
+// relpos: process-wide settings: CPU threads, TF32 on the GPU, and where library messages go.
+// Implemented in src/core/runtime.cpp. (relpos::synchronize() is in tensor.hpp.)
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace relpos {
+
+// CPU threads for relpos's work (OpenMP regions and oneDNN), process-wide. n = 0 (the default)
+// leaves OpenMP's own default (OMP_NUM_THREADS, else all cores). Each relpos call applies the
+// setting to the calling thread, so it also holds in threads the application starts later. An
+// application running W threads that each call relpos should set about cores / W, so that the
+// W x n OpenMP threads do not oversubscribe the cores (docs/threads.md). At most 1024.
+void set_num_threads(int n);
+int num_threads();      // the setting (0: OpenMP's default)
+int threads_in_use();   // the threads a relpos call from this thread would use now
+
+// Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
+// products (faster, about 3 significant digits). Off by default, so that GPU results match the
+// CPU and timm to float32 rounding. The CPU backend always computes in float32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// Where the library's messages go (an image skipped by a data loader, a picture not drawn, a GPU
+// error while freeing memory, the RELPOS_PROFILE table). The default writes "relpos: <message>"
+// lines to stderr; an application may route them to its own log, or pass an empty function to
+// drop them. The handler may be called from relpos's worker threads. Training progress is not a
+// message: it goes to TrainOptions::on_event.
+void set_log_handler(std::function<void(const std::string&)> handler);
+
+}  // namespace relpos

@@ -1,0 +1,58 @@
+// The attention ops of relpos/attention_ops.hpp: names, scales, and each op routed to its backend
+// (src/cpu/bot_attention.cpp | src/cuda/bot_attention.cu, src/cpu/sasa_attention.cpp |
+// src/cuda/sasa_attention.cu; shape checks in core/attention_geometry.cpp).
+#include "relpos/attention_ops.hpp"
+
+#include <cmath>
+
+#include "core/dispatch.hpp"
+
+namespace relpos {
+
+PosEncoding parse_pos_encoding(const std::string& s) {
+  if (s == "relative") return PosEncoding::Relative;
+  if (s == "absolute") return PosEncoding::Absolute;
+  if (s == "none") return PosEncoding::None;
+  RELPOS_FAIL("unknown position encoding '" << s << "' (expected relative, absolute or none)");
+}
+
+std::string to_string(PosEncoding p) {
+  switch (p) {
+    case PosEncoding::Relative: return "relative";
+    case PosEncoding::Absolute: return "absolute";
+    case PosEncoding::None: return "none";
+  }
+  return "?";
+}
+
+float BotAttnSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }
+float SasaSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }
+
+namespace ops {
+
+Tensor bot_attention(const Tensor& qkv, const Tensor& pos_h, const Tensor& pos_w, const BotAttnSpec& spec,
+                     Tensor* probs) {
+  RELPOS_DISPATCH(qkv, bot_attention, qkv, pos_h, pos_w, spec, probs);
+}
+BotAttnGrads bot_attention_backward(const Tensor& qkv, const Tensor& pos_h, const Tensor& pos_w,
+                                    const BotAttnSpec& spec, const Tensor& probs, const Tensor& dout) {
+  same_device("attention backward", qkv, {&probs, &dout});
+  RELPOS_DISPATCH(qkv, bot_attention_backward, qkv, pos_h, pos_w, spec, probs, dout);
+}
+Tensor rel_pos_logits(const Tensor& q, const Tensor& table_h, const Tensor& table_w, int height, int width,
+                      int clip) {
+  same_device("rel_pos_logits", q, {&table_h, &table_w});
+  RELPOS_DISPATCH(q, rel_pos_logits, q, table_h, table_w, height, width, clip);
+}
+Tensor sasa_attention(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
+                      Tensor* probs) {
+  RELPOS_DISPATCH(qkv, sasa_attention, qkv, r_row, r_col, spec, probs);
+}
+SasaGrads sasa_attention_backward(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
+                                  const Tensor& probs, const Tensor& dout) {
+  same_device("local attention backward", qkv, {&probs, &dout});
+  RELPOS_DISPATCH(qkv, sasa_attention_backward, qkv, r_row, r_col, spec, probs, dout);
+}
+
+}  // namespace ops
+}  // namespace relpos

@@ -1,0 +1,44 @@
+// Internal: the model file formats of docs/formats.md, read and written without a Network: the
+// relpos weights JSON, safetensors files (relpos's own with its __metadata__, timm's, and the model
+// part of a training checkpoint) and model configs with their optional labels and preprocessing.
+// Model (src/model/model.cpp) builds on these.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "relpos/model.hpp"
+
+namespace relpos::detail {
+
+enum class ModelFileKind { WeightsJson, Config, Safetensors };
+// What a file holds, from its first bytes and its JSON keys; errors name the path (missing,
+// a directory, empty, JSON that is neither a weights file nor a config).
+ModelFileKind model_file_kind(const std::string& path);
+
+struct ModelFile {
+  ModelConfig config;
+  std::vector<std::string> labels;
+  std::optional<Preprocess> preprocess;
+  std::vector<std::pair<std::string, Tensor>> tensors;  // empty for a config
+};
+// A weights file (JSON or safetensors). `config` (a path or shipped name) gives the architecture
+// of a safetensors file without one (timm's) and, when the file has none, its labels and
+// preprocessing.
+ModelFile read_weights_file(const std::string& path, const std::string& config);
+// A model config (a path or shipped name) with the labels and preprocessing it may carry.
+ModelFile read_config_file(const std::string& path_or_name);
+
+// The weights JSON text of a model.
+std::string weights_json_text(const Model& model, TensorEncoding encoding);
+// The safetensors __metadata__ that describes a model (relpos.config, .labels, .preprocess).
+std::map<std::string, std::string> model_metadata(const Model& model, const std::string& format);
+
+// Every parameter and buffer of the network must be given exactly once (num_batches_tracked
+// entries are ignored); errors name the tensor and the source.
+void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source);
+
+}  // namespace relpos::detail

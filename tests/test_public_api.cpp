@@ -1,0 +1,118 @@
+// The public API as a user meets it: what the installed headers expose (only what users call),
+// Model::open, enums parsed once with the names the files use, and the library's messages going to
+// the application's log handler.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "relpos/error.hpp"
+#include "relpos/model.hpp"
+#include "relpos/optim.hpp"
+#include "relpos/runtime.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+namespace fs = std::filesystem;
+
+namespace {
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+TEST_CASE("public headers hold no internals and include only public headers") {
+  const fs::path dir = fs::path(test::source_dir()) / "include" / "relpos";
+  int headers = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string text = read_text(e.path());
+    const std::string name = e.path().filename().string();
+    ++headers;
+    for (const char* banned : {"<mutex>", "<thread>", "<condition_variable>", "OpCache", "BatchStats",
+                               "#include \"core/", "#include \"io/", "#include \"cpu/", "#include \"cuda/",
+                               "#include \"layers/", "#include \"train/", "#include <dnnl", "#include <cuda", "omp.h"}) {
+      INFO(name << " contains " << banned);
+      CHECK(text.find(banned) == std::string::npos);
+    }
+    // each public header names where it is implemented, or its implementation bears its name
+    const std::string stem = e.path().stem().string();
+    bool found = text.find("Implemented") != std::string::npos || stem == "error";
+    for (const auto& f : fs::recursive_directory_iterator(fs::path(test::source_dir()) / "src"))
+      found = found || f.path().stem() == stem || f.path().filename() == stem;
+    INFO(name << ": no src/**/" << stem << ".* and no note saying where it is implemented");
+    CHECK(found);
+  }
+  CHECK(headers >= 10);
+}
+
+TEST_CASE("Model::open takes a weights file, a config file or a shipped config's name") {
+  test::TempDir dir;
+  LoadOptions opt;
+  opt.seed = 7;
+  // a shipped name: the shipped weights, or random weights for a shipped config
+  const Model shipped = Model::open("botnet-fmnist", opt);
+  const Model loaded = Model::load(test::source_dir() + "/models/botnet-fmnist.json");
+  CHECK(shipped.labels().size() == 10);
+  CHECK(shipped.network().params().back().value->to_vector() == loaded.network().params().back().value->to_vector());
+  const Model random = Model::open("botnet26t_256", opt);
+  CHECK(random.network().config().name == "botnet26t_256");
+  CHECK(random.labels().size() == 1000);
+  const Model from_path = Model::open(test::tiny_rgb_config(), opt);  // a config file
+  const Model again = Model::create(test::tiny_rgb_config(), 7);
+  CHECK(from_path.network().params().front().value->to_vector() == again.network().params().front().value->to_vector());
+  from_path.save_json(dir.file("w.json"));
+  fs::copy_file(dir.file("w.json"), dir.file("weights-without-extension"));
+  from_path.save_safetensors(dir.file("w.st"));
+  for (const char* f : {"w.json", "weights-without-extension", "w.st"}) {  // contents decide, not names
+    const Model m = Model::open(dir.file(f));
+    CHECK(m.network().params().back().value->to_vector() == from_path.network().params().back().value->to_vector());
+  }
+  CHECK_THROWS_WITH_AS(Model::open(dir.file("missing.json")), doctest::Contains("missing.json: no such file"), relpos::Error);
+  CHECK_THROWS_WITH_AS(Model::open("no-such-model"), doctest::Contains("'no-such-model' is neither a file nor a config"), relpos::Error);
+  CHECK_THROWS_WITH_AS(Model::open(dir.path), doctest::Contains("is a directory"), relpos::Error);
+}
+
+TEST_CASE("enums: every value's name parses back; unknown names list the known ones") {
+  for (auto v : {ChannelOrder::RGB, ChannelOrder::BGR, ChannelOrder::Gray}) CHECK(parse_channel_order(to_string(v)) == v);
+  for (auto v : {CropMode::Center, CropMode::Squash, CropMode::Border}) CHECK(parse_crop_mode(to_string(v)) == v);
+  for (auto v : {Interpolation::Nearest, Interpolation::Box, Interpolation::Bilinear, Interpolation::Hamming,
+                 Interpolation::Bicubic, Interpolation::Lanczos})
+    CHECK(parse_interpolation(to_string(v)) == v);
+  CHECK(parse_interpolation("area") == Interpolation::Box);  // OpenCV's and timm's aliases
+  CHECK(parse_interpolation("cubic") == Interpolation::Bicubic);
+  for (auto v : {Tta::None, Tta::HFlip}) CHECK(parse_tta(to_string(v)) == v);
+  for (auto v : {StemType::Tiered, StemType::Conv}) CHECK(parse_stem_type(to_string(v)) == v);
+  for (auto v : {StemPool::None, StemPool::MaxPool}) CHECK(parse_stem_pool(to_string(v)) == v);
+  for (auto v : {BlockType::Bottle, BlockType::SelfAttn, BlockType::Sasa}) CHECK(parse_block_type(to_string(v)) == v);
+  for (auto v : {OptimizerKind::SGD, OptimizerKind::AdamW}) CHECK(parse_optimizer_kind(to_string(v)) == v);
+  CHECK_THROWS_WITH_AS(parse_block_type("transformer"),
+                       doctest::Contains("block type 'transformer' is not known (expected bottle, self_attn or sasa)"), relpos::Error);
+  CHECK_THROWS_WITH_AS(parse_interpolation("cubicc"), doctest::Contains("nearest, bilinear, bicubic, box, hamming, lanczos"), relpos::Error);
+}
+
+TEST_CASE("config errors name the file and the key") {
+  test::TempDir dir;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(test::tiny_rgb_config()));
+  j["stem"]["type"] = "patchify";
+  std::ofstream(dir.file("bad.json")) << j.dump();
+  CHECK_THROWS_WITH_AS(Model::create(dir.file("bad.json")),
+                       doctest::Contains("bad.json: model config: stem: key 'type' is \"patchify\" (expected tiered or conv)"),
+                       relpos::Error);
+  j["stem"]["type"] = "conv";
+  j["preprocess"] = {{"interpolation", "bicubicc"}};
+  std::ofstream(dir.file("bad2.json")) << j.dump();
+  CHECK_THROWS_WITH_AS(Model::create(dir.file("bad2.json")), doctest::Contains("bad2.json: preprocess: key 'interpolation'"), relpos::Error);
+  std::ofstream(dir.file("broken.json")) << "{\"stem\": ";
+  CHECK_THROWS_WITH_AS(Model::create(dir.file("broken.json")), doctest::Contains("broken.json: not valid JSON"), relpos::Error);
+}
+
+TEST_CASE("threads: the setting and what a call uses") {
+  const int before = num_threads();
+  set_num_threads(1);
+  CHECK(num_threads() == 1);
+  CHECK(threads_in_use() == 1);
+  set_num_threads(before);
+  CHECK_THROWS_AS(set_num_threads(-1), relpos::Error);
+}
