@@ -3,7 +3,9 @@
 #  1. cmake --install of build/ into a fresh prefix; examples/ built against it with
 #     find_package(relpos); the examples classify the bundled samples with the installed model
 #     (found under the prefix, not in this source tree);
-#  2. examples/add_subdirectory: relpos built from source inside a parent project (CPU-only).
+#  2. the relpos CLI's own sources (tools/relpos) built against the installed headers and library
+#     only, with no path into src/ or include/ of this tree: the CLI is a client of the public API;
+#  3. examples/add_subdirectory: relpos built from source inside a parent project (CPU-only).
 # Prints what a consumer links and the size of the installed files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,30 @@ for f in samples/*.png; do cp "$f" "$work/frames/f_$(printf %02d $i).png"; i=$((
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" g++ -std=c++17 -O1 examples/worker_threads.cpp -o "$work/worker_pc" \
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs relpos opencv4) -Wl,-rpath,"$prefix/lib"
 "$work/worker_pc" "$model" samples 1 | tail -1
+
+# The CLI as an outside client: only the installed headers on its include path.
+mkdir -p "$work/cli"
+cat > "$work/cli/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(relpos_cli_outside CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(relpos REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(OpenCV REQUIRED COMPONENTS core imgcodecs)
+file(GLOB cli_sources "$PWD/tools/relpos/*.cpp")
+add_executable(relpos_outside \${cli_sources})
+target_compile_options(relpos_outside PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(relpos_outside PRIVATE relpos::relpos CLI11::CLI11 nlohmann_json::nlohmann_json \${OpenCV_LIBS})
+CMAKE
+cmake -S "$work/cli" -B "$work/cli/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/cli/build" -j"$(nproc)" >/dev/null
+if grep -Eq -- "-I$PWD/(src|include)" "$work/cli/build/CMakeFiles/relpos_outside.dir/flags.make"; then
+  echo "consumer check: the outside CLI build saw this tree's headers" >&2
+  exit 1
+fi
+(cd "$work" && "$work/cli/build/relpos_outside" classify -m "$model" "$OLDPWD/samples/bag_00018.png" --topk 1) | tail -1
+echo "the CLI builds and runs against the installed public headers only"
 
 cmake -S examples/add_subdirectory -B "$work/subdir" -DRELPOS_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/subdir" -j"$(nproc)" >/dev/null
