@@ -1,5 +1,5 @@
-// CPU vs CUDA parity of every op, forward and backward, on random shapes (non-square maps, odd
-// sizes) and on the golden files; the model API and training on the GPU. Without a GPU the
+// CPU vs CUDA parity of every op, forward and backward: every case of the table of op cases
+// (tests/op_cases.cpp), plus the older per-op cases below, and the golden files; the model API and training on the GPU. Without a GPU the
 // suite exits with status 77, which ctest reports as skipped (not passed).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -17,6 +17,7 @@
 #include "relpos/model.hpp"
 #include "relpos/ops.hpp"
 #include "relpos/optim.hpp"
+#include "op_cases.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -39,6 +40,30 @@ void same(const Tensor& g, const Tensor& c, const std::string& what, float rel =
 }
 
 }  // namespace
+
+TEST_CASE("every case of the table of op cases: CUDA agrees with the CPU, outputs and gradients") {
+  int cases = 0;
+  for (const auto& c : test::op_cases()) {
+    CAPTURE(c.name);
+    std::vector<Tensor> in;
+    for (const auto& t : c.inputs) in.push_back(gpu(t));
+    Tensor dy;
+    if (!c.diff.empty()) dy = rnd(c.run(c.inputs, Tensor()).outputs[0].shape(), 31);
+    const test::OpRun cpu = c.run(c.inputs, dy);
+    const test::OpRun cuda = c.run(in, dy.defined() ? gpu(dy) : Tensor());
+    REQUIRE(cuda.outputs.size() == cpu.outputs.size());
+    REQUIRE(cuda.grads.size() == cpu.grads.size());
+    const auto close = [&](const Tensor& g, const Tensor& r, const std::string& what) {
+      if (!r.defined()) return;
+      test::check_close(g.to(Device::CPU), r, c.tol_parity * std::max(1.0f, test::max_abs(r)), c.name + " " + what);
+    };
+    for (std::size_t i = 0; i < cpu.outputs.size(); ++i) close(cuda.outputs[i], cpu.outputs[i], "output " + std::to_string(i));
+    for (std::size_t i = 0; i < cpu.grads.size(); ++i) close(cuda.grads[i], cpu.grads[i], "gradient " + std::to_string(i));
+    if (!cpu.outputs[0].is_cuda() && cuda.outputs[0].numel() > 1) CHECK_MESSAGE(cuda.outputs[0].is_cuda(), "did not stay on the GPU");
+    ++cases;
+  }
+  MESSAGE(cases << " op cases agree");
+}
 
 TEST_CASE("layouts and copies round-trip through the GPU") {
   const Tensor x = rnd({3, 5, 7, 2}, 1);

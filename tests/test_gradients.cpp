@@ -1,6 +1,7 @@
-// Finite-difference gradient checks of every layer's backward: ops, and whole modules with
-// their parameters (conv + BN + act, blocks with and without shortcuts, attention layers with
-// stride 2, the stem and the head). loss = <layer(x), g> for a random g.
+// Finite-difference gradient checks of whole modules with their parameters (conv + BN + act,
+// blocks with and without shortcuts, attention layers with stride 2, the stem and the head).
+// loss = <layer(x), g> for a random g. The ops' own gradients are checked from the table of op
+// cases (tests/op_cases.cpp, driven by tests/test_op_cases.cpp).
 #include <cmath>
 #include <functional>
 #include <random>
@@ -13,44 +14,10 @@
 #include "test_util.hpp"
 
 using namespace relpos;
+using test::fd_check;
+using test::inner;
 
 namespace {
-
-double inner(const Tensor& a, const Tensor& g) {
-  const auto va = a.to_vector(), vg = g.to_vector();
-  double s = 0.0;
-  for (std::size_t i = 0; i < va.size(); ++i) s += static_cast<double>(va[i]) * vg[i];
-  return s;
-}
-
-// Compares `analytic` with central differences of loss() in the entries of `value` (a sample
-// of at most max_points of them). Float forward passes: eps and the tolerance are set for that.
-void fd_check(const std::function<double()>& loss, Tensor& value, const Tensor& analytic, const std::string& what,
-              float eps = 1e-2f, double tol = 2e-2, int max_points = 40) {
-  REQUIRE_MESSAGE(analytic.defined(), what << ": no gradient");
-  REQUIRE(analytic.shape() == value.shape());
-  const auto grad = analytic.to_vector();
-  double gmax = 1e-6;
-  for (float v : grad) gmax = std::max(gmax, static_cast<double>(std::fabs(v)));
-  std::vector<float> v = value.to_vector();
-  const std::size_t n = v.size();
-  const std::size_t step = std::max<std::size_t>(1, n / static_cast<std::size_t>(max_points));
-  double worst = 0.0;
-  for (std::size_t i = (n > 1 ? 1 : 0) % n; i < n; i += step) {
-    const float keep = v[i];
-    v[i] = keep + eps;
-    value.copy_from(Tensor::from_vector(value.shape(), v));
-    const double up = loss();
-    v[i] = keep - eps;
-    value.copy_from(Tensor::from_vector(value.shape(), v));
-    const double down = loss();
-    v[i] = keep;
-    value.copy_from(Tensor::from_vector(value.shape(), v));
-    worst = std::max(worst, std::fabs((up - down) / (2.0 * eps) - grad[i]));
-  }
-  INFO(what << ": worst |fd - analytic| " << worst << ", max |grad| " << gmax);
-  CHECK(worst <= tol * gmax);
-}
 
 Tensor rnd(const Shape& s, std::uint32_t seed, float scale = 1.0f, Layout layout = Layout::Contiguous) {
   std::mt19937 rng(seed);
@@ -80,93 +47,6 @@ void check_module(Module& m, const Shape& in_shape, std::uint32_t seed, double t
 }
 
 }  // namespace
-
-TEST_CASE("conv2d backward: strides, padding, groups") {
-  struct Case { int c, o, k, stride, pad, groups, hw; };
-  for (const Case cs : {Case{3, 4, 3, 1, 1, 1, 5}, Case{4, 6, 3, 2, 1, 2, 7}, Case{4, 4, 1, 2, 0, 1, 6}, Case{2, 3, 5, 1, 2, 1, 6}}) {
-    CAPTURE(cs.k);
-    CAPTURE(cs.stride);
-    CAPTURE(cs.groups);
-    Tensor x = rnd({2, cs.c, cs.hw, cs.hw}, 1, 1.0f, Layout::ChannelsLast);
-    Tensor w = rnd({cs.o, cs.c / cs.groups, cs.k, cs.k}, 2, 0.5f);
-    const ops::ConvSpec spec{cs.stride, cs.pad, cs.groups};
-    const Tensor y = ops::conv2d(x, w, nullptr, spec);
-    const Tensor g = rnd(y.shape(), 3);
-    const auto gr = ops::conv2d_backward(x, w, g, spec, true);
-    auto loss = [&] { return inner(ops::conv2d(x, w, nullptr, spec), g); };
-    fd_check(loss, x, gr.dx, "conv dx");
-    fd_check(loss, w, gr.dw, "conv dw");
-  }
-}
-
-TEST_CASE("batch norm (batch statistics), activations, add, pools, linear, cross-entropy backward") {
-  SUBCASE("batch norm in training mode") {
-    Tensor x = rnd({3, 4, 3, 2}, 4, 2.0f, Layout::ChannelsLast), gamma = rnd({4}, 5), beta = rnd({4}, 6);
-    Tensor rm = Tensor::zeros({4}), rv = Tensor::full({4}, 1.0f);
-    ops::BatchStats st;
-    const Tensor g = rnd(x.shape(), 7);
-    ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::None, st);
-    const auto gr = ops::batchnorm_backward(x, gamma, st, g);
-    auto loss = [&] {
-      ops::BatchStats s;
-      return inner(ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::None, s), g);
-    };
-    fd_check(loss, x, gr.dx, "bn dx", 1e-2f, 3e-2);
-    fd_check(loss, gamma, gr.dgamma, "bn dgamma");
-    fd_check(loss, beta, gr.dbeta, "bn dbeta");
-  }
-  SUBCASE("batch norm with a fused activation (ReLU fused on the CPU, SiLU after)") {
-    for (Act a : {Act::ReLU, Act::SiLU}) {
-      Tensor x = rnd({3, 4, 3, 2}, 40, 2.0f, Layout::ChannelsLast), gamma = rnd({4}, 41), beta = rnd({4}, 42);
-      Tensor rm = Tensor::zeros({4}), rv = Tensor::full({4}, 1.0f);
-      ops::BatchStats st;
-      const Tensor g = rnd(x.shape(), 43);
-      ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, a, st);
-      const auto gr = ops::batchnorm_backward(x, gamma, st, g);
-      auto loss = [&] {
-        ops::BatchStats s;
-        return inner(ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, a, s), g);
-      };
-      fd_check(loss, x, gr.dx, "bn+" + to_string(a) + " dx", 1e-3f, 3e-2);
-      fd_check(loss, gamma, gr.dgamma, "bn+" + to_string(a) + " dgamma", 1e-3f);
-      fd_check(loss, beta, gr.dbeta, "bn+" + to_string(a) + " dbeta", 1e-3f);
-    }
-  }
-  SUBCASE("relu and silu") {
-    for (Act a : {Act::ReLU, Act::SiLU}) {
-      Tensor x = rnd({2, 3, 4, 4}, 8, 1.0f, Layout::ChannelsLast);
-      const Tensor g = rnd(x.shape(), 9);
-      fd_check([&] { return inner(ops::activation(x, a), g); }, x, ops::activation_backward(x, g, a), to_string(a), 1e-3f);
-    }
-  }
-  SUBCASE("max pool 3x3/2 pad 1 and avg pool 2x2/2 (odd sizes)") {
-    for (const ops::PoolSpec spec : {ops::PoolSpec{ops::PoolKind::Max, 3, 2, 1}, ops::PoolSpec{ops::PoolKind::Avg, 2, 2, 0}}) {
-      Tensor x = rnd({2, 3, 7, 5}, 10, 1.0f, Layout::ChannelsLast);
-      const Tensor g = rnd(ops::pool2d(x, spec).shape(), 11);
-      fd_check([&] { return inner(ops::pool2d(x, spec), g); }, x, ops::pool2d_backward(x, g, spec), "pool", 1e-3f);
-    }
-  }
-  SUBCASE("global average pool and linear") {
-    Tensor x = rnd({3, 5, 2, 3}, 12, 1.0f, Layout::ChannelsLast), w = rnd({4, 5}, 13), b = rnd({4}, 14);
-    const Tensor g = rnd({3, 4}, 15);
-    const Tensor pooled = ops::global_avg_pool(x);
-    const auto lg = ops::linear_backward(pooled, w, g);
-    const Tensor dx = ops::global_avg_pool_backward(lg.dx, x.shape());
-    auto loss = [&] { return inner(ops::linear(ops::global_avg_pool(x), w, &b), g); };
-    fd_check(loss, x, dx, "gap+linear dx");
-    fd_check(loss, w, lg.dw, "linear dw");
-    fd_check(loss, b, lg.db, "linear db");
-  }
-  SUBCASE("cross-entropy with and without label smoothing") {
-    for (float smooth : {0.0f, 0.1f}) {
-      Tensor logits = rnd({4, 6}, 16, 2.0f);
-      const std::vector<int> labels{0, 5, 2, 2};
-      const auto ce = ops::cross_entropy(logits, labels, smooth);
-      fd_check([&] { return static_cast<double>(ops::cross_entropy(logits, labels, smooth).loss); }, logits, ce.dlogits,
-               "cross-entropy", 1e-2f);
-    }
-  }
-}
 
 // Modules use SiLU: with ReLU, finite differences of a batch-normalised network cross kinks
 // (a weight moves every pre-activation of its channel through the batch statistics). ReLU's

@@ -7,6 +7,40 @@
 
 namespace relpos::test {
 
+double inner(const Tensor& a, const Tensor& g) {
+  const auto va = a.to_vector(), vg = g.to_vector();
+  double s = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) s += static_cast<double>(va[i]) * vg[i];
+  return s;
+}
+
+void fd_check(const std::function<double()>& loss, Tensor& value, const Tensor& analytic, const std::string& what,
+              float eps, double tol, int max_points) {
+  REQUIRE_MESSAGE(analytic.defined(), what << ": no gradient");
+  REQUIRE(analytic.shape() == value.shape());
+  const auto grad = analytic.to_vector();
+  double gmax = 1e-6;
+  for (float v : grad) gmax = std::max(gmax, static_cast<double>(std::fabs(v)));
+  std::vector<float> v = value.to_vector();
+  const std::size_t n = v.size();
+  const std::size_t step = std::max<std::size_t>(1, n / static_cast<std::size_t>(max_points));
+  double worst = 0.0;
+  for (std::size_t i = (n > 1 ? 1 : 0) % n; i < n; i += step) {
+    const float keep = v[i];
+    v[i] = keep + eps;
+    value.copy_from(Tensor::from_vector(value.shape(), v));
+    const double up = loss();
+    v[i] = keep - eps;
+    value.copy_from(Tensor::from_vector(value.shape(), v));
+    const double down = loss();
+    v[i] = keep;
+    value.copy_from(Tensor::from_vector(value.shape(), v));
+    worst = std::max(worst, std::fabs((up - down) / (2.0 * eps) - grad[i]));
+  }
+  INFO(what << ": worst |fd - analytic| " << worst << ", max |grad| " << gmax);
+  CHECK(worst <= tol * gmax);
+}
+
 std::string golden_dir() { return RELPOS_OWN_GOLDEN_DIR; }
 
 SafetensorsFile golden(const std::string& name) {

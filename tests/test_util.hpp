@@ -39,6 +39,14 @@ void check_close(const Tensor& got, const Tensor& ref, float tol, const std::str
 
 Tensor random_tensor(const Shape& shape, std::mt19937& rng, float scale = 1.0f);
 
+// <a, g> over all entries.
+double inner(const Tensor& a, const Tensor& g);
+// Compares `analytic` with central differences of loss() in the entries of `value` (a sample of at
+// most max_points of them): |fd - analytic| <= tol * max|analytic|. Float forward passes: eps and
+// the tolerance are set for that.
+void fd_check(const std::function<double()>& loss, Tensor& value, const Tensor& analytic, const std::string& what,
+              float eps = 1e-2f, double tol = 2e-2, int max_points = 40);
+
 // A temporary folder removed at the end of the test.
 struct TempDir {
   TempDir();

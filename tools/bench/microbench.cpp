@@ -1,13 +1,16 @@
-// Micro-benchmarks of single ops (Google Benchmark): the machine's GEMM ceiling, convolutions
-// as botnet26t_256 runs them, and the attention ops.
-//   build/relpos_microbench --benchmark_filter=Attention
+// Micro-benchmarks of single ops (Google Benchmark): the machine's GEMM ceiling, and the cases of
+// the table of op cases marked bench (convolutions as botnet26t_256 runs them, the attention ops).
+//   build/relpos_microbench --benchmark_filter=attention
+#define DOCTEST_CONFIG_IMPLEMENT  // the test helpers the table uses report through doctest
 #include <benchmark/benchmark.h>
+#include <doctest/doctest.h>
 
 #include <random>
 
 #include "cpu/dnnl_util.hpp"
 #include "relpos/attention_ops.hpp"
 #include "core/ops_internal.hpp"
+#include "op_cases.hpp"
 #include "relpos/ops.hpp"
 
 using namespace relpos;
@@ -35,49 +38,20 @@ static void BM_Sgemm(benchmark::State& st) {
 }
 BENCHMARK(BM_Sgemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// conv: batch, in, out, size, kernel, stride
-static void BM_Conv(benchmark::State& st) {
-  const int n = static_cast<int>(st.range(0)), c = static_cast<int>(st.range(1)), o = static_cast<int>(st.range(2)),
-            hw = static_cast<int>(st.range(3)), k = static_cast<int>(st.range(4)), s = static_cast<int>(st.range(5));
-  Tensor x = rnd({n, c, hw, hw}, Layout::ChannelsLast), w = rnd({o, c, k, k}), b = rnd({o});
-  OpCache cache;
-  const ops::ConvSpec spec{s, (k - 1) / 2, 1};
-  for (auto _ : st) benchmark::DoNotOptimize(ops::conv2d(x, w, &b, spec, {nullptr, Act::ReLU}, &cache));
-  const double out = static_cast<double>(hw / s) * (hw / s);
-  flops(st, 2.0 * n * o * c * k * k * out);
+// The ops: every case of the table of op cases (tests/op_cases.cpp) marked bench, forward. The
+// cases' shapes are botnet26t_256's convolutions and the attention sizes of docs/attention.md.
+int main(int argc, char** argv) {
+  static const std::vector<test::OpCase> cases = test::op_cases();
+  for (const test::OpCase& c : cases) {
+    if (!c.bench) continue;
+    benchmark::RegisterBenchmark(c.name.c_str(), [&c](benchmark::State& st) {
+      for (auto _ : st) benchmark::DoNotOptimize(c.run(c.inputs, Tensor()));
+      if (c.flop > 0) flops(st, c.flop);
+    })->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
-BENCHMARK(BM_Conv)
-    ->Args({1, 64, 256, 64, 1, 1})
-    ->Args({8, 64, 256, 64, 1, 1})
-    ->Args({1, 64, 64, 64, 3, 1})
-    ->Args({8, 64, 64, 64, 3, 1})
-    ->Args({1, 256, 512, 16, 1, 1})
-    ->Args({8, 256, 512, 16, 1, 1})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// BoTNet attention: batch, size (h = w), dqk (= dv), heads
-static void BM_BotAttention(benchmark::State& st) {
-  const int n = static_cast<int>(st.range(0)), hw = static_cast<int>(st.range(1)), d = static_cast<int>(st.range(2)),
-            heads = static_cast<int>(st.range(3));
-  BotAttnSpec spec;
-  spec.heads = heads, spec.dqk = d, spec.dv = d;
-  Tensor qkv = rnd({n, spec.channels_qkv(), hw, hw}, Layout::ChannelsLast);
-  Tensor rh = rnd({2 * hw - 1, d}), rw = rnd({2 * hw - 1, d});
-  for (auto _ : st) benchmark::DoNotOptimize(ops::bot_attention(qkv, rh, rw, spec));
-  const double N = static_cast<double>(hw) * hw;
-  flops(st, 2.0 * n * heads * (N * N * 2 * d + N * 2 * (2 * hw - 1) * d));
-}
-BENCHMARK(BM_BotAttention)->Args({1, 16, 64, 4})->Args({8, 16, 64, 4})->Args({1, 32, 64, 4})->Args({1, 8, 128, 4})->Unit(benchmark::kMillisecond)->UseRealTime();
-
-static void BM_SasaAttention(benchmark::State& st) {
-  const int n = static_cast<int>(st.range(0)), hw = static_cast<int>(st.range(1)), d = static_cast<int>(st.range(2));
-  SasaSpec spec;
-  spec.heads = 8, spec.dqk = d, spec.dv = d, spec.kernel = 7;
-  Tensor qkv = rnd({n, spec.channels_qkv(), hw, hw}, Layout::ChannelsLast);
-  Tensor rr = rnd({7, d / 2}), rc = rnd({7, d / 2});
-  for (auto _ : st) benchmark::DoNotOptimize(ops::sasa_attention(qkv, rr, rc, spec));
-  flops(st, 2.0 * n * 8 * hw * hw * 49.0 * 2 * d);
-}
-BENCHMARK(BM_SasaAttention)->Args({1, 56, 8})->Args({1, 28, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
-
-BENCHMARK_MAIN();

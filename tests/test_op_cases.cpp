@@ -1,0 +1,68 @@
+// The table of op cases (tests/op_cases.cpp) on the CPU backend: every contract function has a
+// case; every case's forward matches its naive reference (or is covered by named golden files);
+// every differentiable input's gradient matches finite differences. test_cuda runs the same table
+// for CPU vs CUDA parity, and relpos_microbench times the cases marked bench.
+#include <set>
+
+#include "op_cases.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+
+TEST_CASE("every function of the backend contract has a case; backward functions have gradient cases") {
+  const auto contract = test::backend_contract_ops();
+  REQUIRE(contract.size() >= 20);  // the file was read and parsed
+  std::set<std::string> covered, with_grads;
+  for (const auto& c : test::op_cases())
+    for (const auto& f : c.covers) {
+      covered.insert(f);
+      if (!c.diff.empty()) with_grads.insert(f);
+    }
+  for (const auto& f : contract) {
+    INFO("backend_ops.inc declares " << f << " but no case in tests/op_cases.cpp covers it");
+    CHECK(covered.count(f) == 1);
+    if (f.size() > 9 && f.compare(f.size() - 9, 9, "_backward") == 0) {
+      INFO(f << " has no case with finite-difference gradients");
+      CHECK(with_grads.count(f) == 1);
+    }
+  }
+  for (const auto& f : covered) {
+    INFO("a case covers " << f << ", which backend_ops.inc does not declare");
+    CHECK(std::find(contract.begin(), contract.end(), f) != contract.end());
+  }
+}
+
+TEST_CASE("every case: forward against its reference, gradients against finite differences") {
+  int referenced = 0, golden = 0, fd = 0;
+  for (auto& c : test::op_cases()) {
+    INFO(c.name);
+    const test::OpRun r = c.run(c.inputs, Tensor());
+    REQUIRE(!r.outputs.empty());
+    if (c.reference) {
+      const auto ref = c.reference(c.inputs);
+      REQUIRE(ref.size() <= r.outputs.size());
+      for (std::size_t i = 0; i < ref.size(); ++i)
+        test::check_close(r.outputs[i].to(Device::CPU), ref[i], c.tol_reference * std::max(1.0f, test::max_abs(ref[i])),
+                          c.name + " output " + std::to_string(i));
+      ++referenced;
+    } else {
+      INFO("a case needs a reference or the golden files that check it");
+      CHECK(!c.golden.empty());
+      ++golden;
+    }
+    if (c.diff.empty()) continue;
+    std::vector<Tensor> in;
+    for (const auto& t : c.inputs) in.push_back(t.clone());
+    std::mt19937 rng(77);
+    const Tensor dy = test::random_tensor(r.outputs[0].shape(), rng);
+    const test::OpRun g = c.run(in, dy);
+    REQUIRE(g.grads.size() == c.diff.size());
+    auto loss = [&] { return test::inner(c.run(in, Tensor()).outputs[0], dy); };
+    for (std::size_t k = 0; k < c.diff.size(); ++k)
+      test::fd_check(loss, in[static_cast<std::size_t>(c.diff[k])], g.grads[k],
+                     c.name + " d input " + std::to_string(c.diff[k]), c.fd_eps, c.tol_fd);
+    ++fd;
+  }
+  MESSAGE(referenced << " cases against naive references, " << golden << " covered by golden files, " << fd
+                     << " with finite-difference gradients");
+}
