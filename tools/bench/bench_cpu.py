@@ -1,35 +1,54 @@
 #!/usr/bin/env python3
-"""relpos vs timm on PyTorch, side by side on the same weights and input (inference).
+"""relpos vs PyTorch, ONNX Runtime and OpenVINO on the CPU, side by side on the same weights and
+input (inference).
 
-Creates timm's model with random weights, saves them as safetensors (timm's names), then times
-`relpos bench` and timm's forward in alternating rounds on the same batch, prints img/s of each and
-the ratio, and checks that the logits agree (tolerance of docs/attention.md: 1e-4 * max(1, max|ref|)).
-    tools/bench/bench_cpu.sh [--batches 1 8] [--threads 2] [--seconds 10]
+For each model: builds the PyTorch reference with random weights (timm's model when timm has it, e.g.
+botnet26t_256; otherwise the twin of relpos's shipped config from torch_twin.py, e.g. sasa_resnet26
+with its own SASA layer), saves its weights as safetensors (timm's names, which are relpos's), and
+exports it to ONNX (opset 17; by default one export per batch size with a fixed batch, or one with a
+dynamic batch with --dynamic-batch). Then, per batch size, times in alternating rounds
+`relpos bench`, the PyTorch model (eager), ONNX Runtime (fp32, intra-op threads = --threads, inter-op
+1, sequential, all graph optimizations) and OpenVINO (fp32, CPU, INFERENCE_NUM_THREADS = --threads,
+LATENCY hint, f32 precision hint) on the same batch, prints img/s of each and relpos's ratios, and
+checks that every engine's logits agree with PyTorch's (docs/attention.md: 1e-4 * max(1, max|ref|)).
+An engine that is not installed is skipped with a one-line message.
+    tools/bench/bench_cpu.sh [--models botnet26t_256 sasa_resnet26] [--batches 1 8] [--threads 2]
+                             [--seconds 10] [--rounds 2] [--engines relpos torch onnxruntime openvino]
 """
 import argparse
+import inspect
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 import timm
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, os.path.dirname(__file__))
+import torch_twin  # noqa: E402
 
-def time_torch(model, x, seconds, warmup=3):
-    with torch.inference_mode():
-        for _ in range(warmup):
-            model(x)
-        times = []
-        start = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < seconds:
-            t0 = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - t0)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+ENGINES = ["relpos", "torch", "onnxruntime", "openvino"]
+ONNX_ENGINES = ["onnxruntime", "openvino"]
+
+
+def time_loop(fn, seconds, warmup):
+    """Per-run seconds of fn(): at least 3 runs and `seconds` in all, after `warmup` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
     return times
 
 
@@ -40,20 +59,8 @@ def time_relpos(relpos, weights, config, inp, threads, seconds, logits_path):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="botnet26t_256", help="timm model name (and relpos shipped config)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=10.0, help="timing per framework per round")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--relpos", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "relpos"))
-    a = ap.parse_args()
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    model = timm.create_model(a.model, pretrained=False).eval()
-    # Make batch-norm statistics non-trivial so that folding them is exercised.
+def randomize_bn(model):
+    """Non-trivial batch-norm statistics, so that folding them is exercised."""
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -61,34 +68,221 @@ def main():
                 m.running_var.uniform_(0.5, 1.5)
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.1, 0.1)
-    H, W = model.pretrained_cfg["input_size"][1:]
+
+
+def build_reference(name):
+    """(model, (H, W), what): timm's model when timm has it, else the twin of relpos's config."""
+    torch.manual_seed(0)
+    if timm.is_model(name):
+        model = timm.create_model(name, pretrained=False).eval()
+        return model, tuple(model.pretrained_cfg["input_size"][1:]), f"timm {timm.__version__}"
+    path = name if name.endswith(".json") else os.path.join(ROOT, "models", name + ".json")
+    cfg = torch_twin.load_config(path)
+    return torch_twin.build(cfg), tuple(cfg["input_size"]), "PyTorch twin (tools/bench/torch_twin.py)"
+
+
+def export_onnx(model, x, path, dynamic):
+    kw = dict(opset_version=17, input_names=["input"], output_names=["logits"], do_constant_folding=True)
+    if dynamic:
+        kw["dynamic_axes"] = {"input": {0: "batch"}, "logits": {0: "batch"}}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        kw["dynamo"] = False  # the TorchScript exporter on every torch version
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, x, path, **kw)
+
+
+class OrtEngine:
+    def __init__(self, path, threads):
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+    def __call__(self, x):
+        return self.sess.run(None, {"input": x})[0]
+
+
+class OpenVinoEngine:
+    def __init__(self, path, threads):
+        try:
+            import openvino as ov
+        except ImportError:  # releases before 2023.1
+            import openvino.runtime as ov
+        self.compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                              "PERFORMANCE_HINT": "LATENCY",
+                                                              "INFERENCE_PRECISION_HINT": "f32"})
+        self.req = self.compiled.create_infer_request()
+
+    def __call__(self, x):
+        self.req.infer({0: x}, share_inputs=True)
+        return self.req.get_output_tensor(0).data
+
+
+def engine_versions(engines, relpos):
+    """{engine: version} of the installed engines; prints one line for each one that is skipped."""
+    out = {}
+    for e in engines:
+        if e == "relpos":
+            if os.access(relpos, os.X_OK):
+                out[e] = ""
+            else:
+                print(f"relpos: no binary at {relpos}, skipped (tools/setup.sh builds it)", flush=True)
+        elif e == "torch":
+            out[e] = torch.__version__
+        else:
+            try:
+                mod = __import__(e)
+                out[e] = str(getattr(mod, "__version__", "?")).split("-")[0]
+            except Exception as ex:  # ImportError, or a broken install
+                print(f"{e}: not available ({type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}), "
+                      f"skipped (pip install {e} into the bench Python)", flush=True)
+    return out
+
+
+def bench_model(a, name, engines, tmp):
+    model, (H, W), what = build_reference(name)
+    randomize_bn(model)
+    weights = os.path.join(tmp, f"{name}.safetensors")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
+    config = name  # relpos's shipped config of the same name (or a config path)
+    engines = list(engines)
+    onnx_paths = {}
+
+    def onnx_for(batch, x):
+        key = "dyn" if a.dynamic_batch else batch
+        if key not in onnx_paths:
+            path = os.path.join(tmp, f"{name}_{key}.onnx")
+            t0 = time.perf_counter()
+            try:
+                export_onnx(model, x, path, a.dynamic_batch)
+                print(f"  {name}: ONNX export ({'dynamic' if a.dynamic_batch else f'fixed batch {batch}'}) "
+                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+            except Exception as ex:
+                print(f"  {name}: ONNX export failed ({type(ex).__name__}: {ex}); ONNX engines skipped", flush=True)
+                path = None
+            onnx_paths[key] = path
+        return onnx_paths[key]
+
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        weights = os.path.join(tmp, "weights.safetensors")
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
-        for batch in a.batches:
-            x = torch.randn(batch, 3, H, W, generator=torch.Generator().manual_seed(batch))
-            inp, out = os.path.join(tmp, "input.safetensors"), os.path.join(tmp, "logits.safetensors")
-            save_file({"input": x}, inp)
-            r_ms, t_ms = [], []
-            for _ in range(a.rounds):
-                r = time_relpos(a.relpos, weights, a.model, inp, a.threads, a.seconds, out)
-                r_ms.append(r["median_ms"])
-                t_ms += [1000 * t for t in time_torch(model, x, a.seconds)]
-            with torch.inference_mode():
-                ref = model(x)
-            got = load_file(out)["logits"]
-            diff = (got - ref).abs().max().item()
-            tol = 1e-4 * max(1.0, ref.abs().max().item())
-            r_med, t_med = statistics.median(r_ms), statistics.median(t_ms)
-            rows.append((batch, batch * 1000 / r_med, batch * 1000 / t_med, diff, tol))
-    print(f"\n{a.model} inference, {a.threads} threads, torch {torch.__version__}, timm {timm.__version__}")
-    print(f"{'batch':>5} {'relpos img/s':>13} {'timm img/s':>11} {'ratio':>6}  logits max|diff|")
+    for batch in a.batches:
+        x = torch.randn(batch, 3, H, W, generator=torch.Generator().manual_seed(batch))
+        xn = x.numpy()
+        inp, out = os.path.join(tmp, "input.safetensors"), os.path.join(tmp, "logits.safetensors")
+        save_file({"input": x}, inp)
+        with torch.inference_mode():
+            ref = model(x)
+        runners = {}
+        if "torch" in engines:
+            def run_torch(x=x):
+                with torch.inference_mode():
+                    return model(x)
+            runners["torch"] = run_torch
+        wanted = [e for e in engines if e in ONNX_ENGINES]
+        path = onnx_for(batch, x) if wanted else None
+        for e in wanted if path else []:
+            try:
+                eng = (OrtEngine if e == "onnxruntime" else OpenVinoEngine)(path, a.threads)
+                runners[e] = lambda eng=eng: eng(xn)
+            except Exception as ex:
+                print(f"  {e}: could not load the model ({type(ex).__name__}: {ex}), skipped", flush=True)
+        logits = {}
+        if "relpos" in engines:
+            logits["relpos"] = None
+        for e, fn in runners.items():  # checks before timing; torch is the reference itself
+            if e != "torch":
+                logits[e] = torch.as_tensor(fn()).clone()
+        ms = {e: [] for e in engines if e in logits or e in runners}
+        for rnd in range(a.rounds):
+            for e in [e for e in engines if e in ms]:
+                if e == "relpos":
+                    r = time_relpos(a.relpos, weights, config, inp, a.threads, a.seconds, out)
+                    ms[e].append(r["median_ms"])  # relpos reports the median of its runs
+                else:
+                    ms[e] += [1000 * t for t in time_loop(runners[e], a.seconds, warmup=3 if rnd == 0 else 1)]
+            print(f"  {name} batch {batch} round {rnd + 1}/{a.rounds}: " +
+                  ", ".join(f"{e} {batch * 1000 / statistics.median(v):.2f}" for e, v in ms.items()) + " img/s",
+                  flush=True)
+        if "relpos" in logits:
+            logits["relpos"] = load_file(out)["logits"]
+        tol = 1e-4 * max(1.0, ref.abs().max().item())
+        diffs = {e: (v.float() - ref).abs().max().item() for e, v in logits.items()}
+        ips = {e: batch * 1000 / statistics.median(v) for e, v in ms.items()}
+        rows.append((batch, ips, diffs, tol))
+        del runners
+    return what, rows
+
+
+def fmt_ratio(num, den):
+    return f"{num / den:.2f}x" if num and den else "-"
+
+
+def print_table(name, what, rows, engines, a):
+    """img/s per engine and batch, relpos's ratios, then each engine's logits max|diff| against the
+    PyTorch reference; returns whether all agree."""
+    print(f"\n{name} inference, fp32, {a.threads} threads, {a.rounds} rounds x {a.seconds:g} s per engine; "
+          f"reference: {what}; ONNX opset 17, {'dynamic' if a.dynamic_batch else 'fixed'} batch")
+    cols = [e for e in engines if any(e in r[1] for r in rows)]
+    w = 13
+    print(f"{'batch':>5} |" + "".join(f"{e:>{w}}" for e in cols) + f" | {'relpos/torch':>12}  relpos/best ONNX   (img/s)")
+    for batch, ips, diffs, tol in rows:
+        line = f"{batch:>5} |" + "".join(f"{ips[e]:>{w}.2f}" if e in ips else f"{'-':>{w}}" for e in cols)
+        r = ips.get("relpos")
+        onnx = {e: ips[e] for e in ONNX_ENGINES if e in ips}
+        best = max(onnx, key=onnx.get) if onnx else None
+        line += f" | {fmt_ratio(r, ips.get('torch')):>12}  "
+        line += f"{fmt_ratio(r, onnx[best])} ({best})" if best and r else "-"
+        print(line)
     ok = True
-    for batch, r, t, diff, tol in rows:
-        agree = diff <= tol
-        ok &= agree
-        print(f"{batch:>5} {r:>13.2f} {t:>11.2f} {r / t:>5.2f}x  {diff:.2e} ({'agree' if agree else 'DISAGREE'}, tol {tol:.1e})")
+    print(f"{'':>5} |" + "".join(f"{e:>{w}}" for e in cols) + " | logits max|diff| vs the reference")
+    for batch, ips, diffs, tol in rows:
+        parts = []
+        for e in cols:
+            if e == "torch":
+                parts.append(f"{'(ref)':>{w}}")
+            elif e in diffs:
+                agree = diffs[e] <= tol
+                ok &= agree
+                parts.append(f"{diffs[e]:>{w - 3}.1e} {'ok' if agree else '!!'}")
+            else:
+                parts.append(f"{'-':>{w}}")
+        print(f"{batch:>5} |" + "".join(parts) + f" | tolerance 1e-4*max(1,max|ref|) = {tol:.1e}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", "--model", nargs="+", default=["botnet26t_256", "sasa_resnet26"],
+                    help="timm model names or relpos shipped configs (a twin is built when timm lacks the model)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=10.0, help="timing per engine per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
+    ap.add_argument("--dynamic-batch", action="store_true",
+                    help="one ONNX export with a dynamic batch instead of one per batch size")
+    ap.add_argument("--relpos", default=os.path.join(ROOT, "build", "relpos"))
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    versions = engine_versions(a.engines, a.relpos)
+    engines = [e for e in a.engines if e in versions]
+    if not engines:
+        sys.exit("no engine to run")
+    print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs; " +
+          ", ".join([f"{e} {v}" for e, v in versions.items() if v] + [f"timm {timm.__version__}"]), flush=True)
+    ok = True
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models:
+            results.append((name, *bench_model(a, name, engines, tmp)))
+    for name, what, rows in results:
+        ok &= print_table(name, what, rows, engines, a)
     sys.exit(0 if ok else 1)
 
 

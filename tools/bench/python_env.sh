@@ -4,6 +4,8 @@
 #            .venv-bench (a venv that sees Debian's site packages)
 #   RELPOS_TORCH=pypi: the newest torch (2.x) and timm 0.9.16 from the package registry, in
 #            .venv-bench-pypi
+#   RELPOS_BENCH_ENGINES=1: also onnx, onnxruntime and openvino (for bench_cpu.py), keeping the numpy
+#            that torch was built against; if they cannot be installed, bench_cpu.py skips them
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 sudo=""
@@ -26,5 +28,10 @@ else
   if [ ${#need[@]} -gt 0 ]; then $sudo apt-get update -qq >&2; DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >&2; fi
   [ -x $venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages $venv >&2
   $venv/bin/python -c "import timm, safetensors" 2>/dev/null || $venv/bin/pip install -q timm==0.9.16 safetensors >&2
+fi
+if [ "${RELPOS_BENCH_ENGINES:-0}" = 1 ] && ! $venv/bin/python -c "import onnx, onnxruntime, openvino" 2>/dev/null; then
+  np=$($venv/bin/python -c "import numpy; print(numpy.__version__)")
+  $venv/bin/pip install -q "numpy==$np" onnx onnxruntime openvino >&2 ||
+    echo "python_env: could not install onnx, onnxruntime and openvino; bench_cpu.py will skip what is missing" >&2
 fi
 echo "$PWD/$venv/bin/python"
