@@ -197,14 +197,17 @@ def bench_model(a, name, engines, tmp):
                 logits[e] = torch.as_tensor(fn()).clone()
         ms = {e: [] for e in engines if e in logits or e in runners}
         for rnd in range(a.rounds):
-            for e in [e for e in engines if e in ms]:
+            this = {}  # this round's run times
+            for e in ms:
                 if e == "relpos":
                     r = time_relpos(a.relpos, weights, config, inp, a.threads, a.seconds, out)
-                    ms[e].append(r["median_ms"])  # relpos reports the median of its runs
+                    this[e] = [r["median_ms"]]  # relpos reports the median of its runs
                 else:
-                    ms[e] += [1000 * t for t in time_loop(runners[e], a.seconds, warmup=3 if rnd == 0 else 1)]
+                    this[e] = [1000 * t for t in time_loop(runners[e], a.seconds, warmup=3 if rnd == 0 else 1)]
+                ms[e] += this[e]
             print(f"  {name} batch {batch} round {rnd + 1}/{a.rounds}: " +
-                  ", ".join(f"{e} {batch * 1000 / statistics.median(v):.2f}" for e, v in ms.items()) + " img/s",
+                  ", ".join(f"{e} {batch * 1000 / statistics.median(v):.2f}" for e, v in this.items()) +
+                  f" img/s (load average {os.getloadavg()[0]:.1f})",
                   flush=True)
         if "relpos" in logits:
             logits["relpos"] = load_file(out)["logits"]
