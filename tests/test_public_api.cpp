@@ -1,7 +1,15 @@
 // The public API as a user meets it: what the installed headers expose (only what users call),
 // Model::open, enums parsed once with the names the files use, and the library's messages going to
 // the application's log handler.
+#include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +17,7 @@
 #include "relpos/model.hpp"
 #include "relpos/optim.hpp"
 #include "relpos/runtime.hpp"
+#include "cli_run.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -106,6 +115,34 @@ TEST_CASE("config errors name the file and the key") {
   CHECK_THROWS_WITH_AS(Model::create(dir.file("bad2.json")), doctest::Contains("bad2.json: preprocess: key 'interpolation'"), relpos::Error);
   std::ofstream(dir.file("broken.json")) << "{\"stem\": ";
   CHECK_THROWS_WITH_AS(Model::create(dir.file("broken.json")), doctest::Contains("broken.json: not valid JSON"), relpos::Error);
+}
+
+TEST_CASE("threads: by default relpos leaves a core to each running thread of another process") {
+  // Through the CLI, in a process of its own without ctest's OMP_NUM_THREADS (which fixes the
+  // default): the thread count `relpos bench` reports while a neighbour process spins.
+  const int cores = omp_get_num_procs();
+  if (cores < 2) return;
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // a busy neighbour
+    for (volatile unsigned long i = 0;; i = i + 1) {
+    }
+  }
+  const auto run = test::run_cli("bench -m " + test::source_dir() + "/models/botnet-fmnist.json --iters 2 --warmup 1 --json",
+                                 true, "-u OMP_NUM_THREADS -u RELPOS_ADAPTIVE_THREADS");
+  const auto fixed = test::run_cli("bench -m " + test::source_dir() + "/models/botnet-fmnist.json --iters 2 --warmup 1 --json",
+                                   true, "-u OMP_NUM_THREADS RELPOS_ADAPTIVE_THREADS=0");
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  REQUIRE(run.status == 0);
+  REQUIRE(fixed.status == 0);
+  const auto last_json = [](const std::string& out) {
+    return nlohmann::json::parse(out.substr(out.rfind('{')));
+  };
+  const int busy = last_json(run.out)["threads"].get<int>();
+  CHECK(busy >= 1);
+  CHECK(busy <= cores - 1);  // other tests running alongside only lower it further
+  CHECK(last_json(fixed.out)["threads"].get<int>() == cores);  // RELPOS_ADAPTIVE_THREADS=0: OpenMP's default
 }
 
 TEST_CASE("threads: the setting and what a call uses") {

@@ -8,7 +8,10 @@
 namespace relpos {
 
 // CPU threads for relpos's work (OpenMP regions and oneDNN), process-wide. n = 0 (the default)
-// leaves OpenMP's own default (OMP_NUM_THREADS, else all cores). Each relpos call applies the
+// adapts to the machine: all cores (OpenMP's default), less one for every thread of another
+// process that is running when relpos looks (every 200 ms), so that a busy neighbour does not
+// leave relpos's parallel regions waiting for a descheduled thread. OMP_NUM_THREADS in the
+// environment, or RELPOS_ADAPTIVE_THREADS=0, fixes the default instead. Each relpos call applies the
 // setting to the calling thread, so it also holds in threads the application starts later. An
 // application running W threads that each call relpos should set about cores / W, so that the
 // W x n OpenMP threads do not oversubscribe the cores (docs/threads.md). At most 1024.

@@ -3,10 +3,18 @@
 
 #include <omp.h>
 
+#include <dirent.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 
 #include "core/runtime_internal.hpp"
 #include "relpos/error.hpp"
@@ -42,9 +50,59 @@ void set_log_handler(std::function<void(const std::string&)> handler) {
   g_log_handler = std::move(h);
 }
 
+namespace {
+
+// Runnable threads of other processes right now: the system's runnable count (/proc/loadavg's
+// "running/total") minus this process's own running threads (its OpenMP workers may be spinning).
+// -1 when /proc cannot tell.
+int others_running() {
+  std::ifstream la("/proc/loadavg");
+  double l1, l5, l15;
+  int running = 0, total = 0;
+  char slash = 0;
+  if (!(la >> l1 >> l5 >> l15 >> running >> slash >> total) || slash != '/') return -1;
+  int own = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream st(std::string("/proc/self/task/") + e->d_name + "/stat");
+      std::string line;
+      if (!std::getline(st, line)) continue;
+      const auto paren = line.rfind(')');  // "tid (name) S ...": the state follows the name
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'R') ++own;
+    }
+    closedir(dir);
+  }
+  return std::max(0, running - own);
+}
+
+// The adaptive default (no set_num_threads, no OMP_NUM_THREADS): the cores OpenMP would use, less
+// one for each other process's thread that is running, at least 1; re-read every 200 ms.
+int adaptive_threads() {
+  static const int all = omp_get_num_procs();  // OpenMP's default without OMP_NUM_THREADS
+  static const bool enabled = [] {
+    const char* off = std::getenv("RELPOS_ADAPTIVE_THREADS");
+    return std::getenv("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0);
+  }();
+  if (!enabled || all <= 1) return all;
+  using Clock = std::chrono::steady_clock;
+  static std::atomic<long long> next_check{0};
+  static std::atomic<int> chosen{all};
+  const long long now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  long long due = next_check.load(std::memory_order_relaxed);
+  if (now >= due && next_check.compare_exchange_strong(due, now + 200)) {
+    const int others = others_running();
+    chosen = others < 0 ? all : std::max(1, std::min(all, all - others));
+  }
+  return chosen;
+}
+
+}  // namespace
+
 void detail::apply_thread_setting() {
-  const int n = g_num_threads;
-  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+  const int set = g_num_threads;
+  const int n = set > 0 ? set : adaptive_threads();
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
 void detail::log(const std::string& message) {

@@ -1,6 +1,8 @@
 // Convolution on the CPU through oneDNN: activations stay channels-last (nhwc), weights are
 // reordered once into the layout the chosen kernel wants and kept in the layer's OpCache, and
 // bias, residual add and activation run fused as oneDNN post-ops.
+#include <omp.h>
+
 #include <cstring>
 #include <sstream>
 
@@ -104,7 +106,7 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, cons
 
 std::string plan_key(const ConvGeometry& g, const ops::ConvSpec& s, const ops::Epilogue& ep, bool bias) {
   std::ostringstream os;
-  os << "conv:" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride << ',' << s.pad
+  os << "conv:" << omp_get_max_threads() << ":" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride << ',' << s.pad
      << ',' << s.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act) << bias;
   return os.str();
 }
