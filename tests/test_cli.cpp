@@ -143,3 +143,32 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   CHECK(r.status == 1);
   CHECK(r.out.find("--model is required") != std::string::npos);
 }
+
+TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once, and bad parts are usage errors") {
+  const std::string model = relpos::test::source_dir() + "/models/botnet-fmnist.json";
+  std::vector<std::string> all;
+  std::size_t largest = 0, smallest = 1000;
+  for (int k = 1; k <= 3; ++k) {
+    const Run r = run("classify -m " + model + " " + samples() + " --json -q --shard " + std::to_string(k) + "/3", true);
+    REQUIRE(r.status == 0);
+    std::istringstream lines(r.out);
+    std::string line;
+    std::size_t n = 0;
+    while (std::getline(lines, line))
+      if (!line.empty()) all.push_back(nlohmann::json::parse(line)["image"].get<std::string>()), ++n;
+    largest = std::max(largest, n), smallest = std::min(smallest, n);
+  }
+  const Run whole = run("classify -m " + model + " " + samples() + " --json -q", true);
+  std::size_t total = 0;
+  for (char c : whole.out) total += c == '\n';
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // disjoint
+  CHECK(all.size() == total);                                      // and complete
+  CHECK(largest - smallest <= 1);                                  // balanced
+  for (const char* bad : {"0/3", "4/3", "x", "1/0", "-1/2", "1/2/3"}) {
+    CAPTURE(bad);
+    const Run r = run("classify -m " + model + " " + samples() + " --shard " + bad);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--shard takes K/N") != std::string::npos);
+  }
+}

@@ -113,3 +113,28 @@ TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finish
   // and temporary files a kill left behind are gone
   for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().string().find(".tmp.") == std::string::npos);
 }
+
+TEST_CASE("train: numbers as typed, output paths checked before any work, --save remembered by --resume") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 12, 4);
+  // the log says lr 0.001 (not 0.00), 1 epoch (not 1 epochs), whole images (not 48.0)
+  REQUIRE(sh(train_cmd(d, d.path + "/a", 1) + " --lr 0.001 -q > " + d.file("log") + " 2>&1") == 0);
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find("lr 0.001,") != std::string::npos);
+  CHECK(log.find("1 epoch of batch 16") != std::string::npos);
+  CHECK(log.find("trained on 32 images in") != std::string::npos);
+  // an unwritable --save or --out fails at once, before training
+  CHECK(sh(train_cmd(d, d.path + "/b", 1) + " --save /nonexistent-folder/m.json -q > " + d.file("log2") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log2")).find("/nonexistent-folder/m.json: cannot save the model there") != std::string::npos);
+  CHECK(!fs::exists(d.path + "/b/checkpoint.safetensors"));
+  CHECK(sh(train_cmd(d, "/proc/relpos-out", 1) + " -q > " + d.file("log3") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log3")).find("/proc/relpos-out: cannot create the output folder") != std::string::npos);
+  // --save given to a run that stops early is honoured when the run is resumed without it
+  REQUIRE(sh(train_cmd(d, d.path + "/c", 2) + " --save " + d.file("saved.json") + " --max-steps 2 -q > /dev/null 2>&1") == 0);
+  CHECK(!fs::exists(d.file("saved.json")));
+  REQUIRE(sh(cli() + " train --resume " + d.path + "/c/checkpoint.safetensors -q > " + d.file("log4") + " 2>&1") == 0);
+  INFO(slurp(d.file("log4")));
+  CHECK(fs::exists(d.file("saved.json")));
+  CHECK(slurp(d.file("log4")).find("saved " + d.file("saved.json")) != std::string::npos);
+}

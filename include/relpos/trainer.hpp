@@ -55,6 +55,7 @@ struct TrainOptions {
   int eval_batch = 500;
   bool eval_each_epoch = true;
   std::string out = "runs/train";
+  std::string save;       // also write the trained model (weights JSON) here at the end ("": no)
   // Called on the training thread after every step, at each epoch's end and with warnings; empty:
   // train() runs silently. Not part of the recipe (a checkpoint does not keep it).
   std::function<void(const TrainEvent&)> on_event;
@@ -75,6 +76,7 @@ struct TrainResult {
   double images = 0.0;   // images trained on in this run
   double step_seconds = 0.0;  // time inside training steps (data waits included, evaluation excluded)
   int checkpoints = 0;        // checkpoints written by this run
+  std::string saved;          // where TrainOptions::save wrote the model ("" if not)
 };
 
 // Trains model in place. If resume names a checkpoint, the model, options and progress come from

@@ -43,6 +43,7 @@ void each_option(Options& o, F&& f) {
   f("eval_batch", o.eval_batch);
   f("eval_each_epoch", o.eval_each_epoch);
   f("out", o.out);
+  f("save", o.save);
   f("max_steps", o.max_steps);
   f("checkpoint_minutes", o.checkpoint_minutes);
 }

@@ -1,11 +1,14 @@
 // The training loop and evaluation.
 #include "relpos/trainer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -25,6 +28,17 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+
+// Throws unless a file can be created in the folder (a probe file, removed again).
+void check_writable_folder(const std::string& folder, const char* what) {
+  const fs::path probe = fs::path(folder) / (".relpos-write-test." + std::to_string(::getpid()));
+  {
+    std::ofstream f(probe);
+    RELPOS_CHECK(f && (f << 'x') && f.flush(), folder << ": cannot write to " << what);
+  }
+  std::error_code ec;
+  fs::remove(probe, ec);
+}
 
 int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_element(row, row + n) - row); }
 
@@ -96,13 +110,25 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.workers = options.workers;
     opts.max_steps = options.max_steps;
     opts.checkpoint_minutes = options.checkpoint_minutes;
+    if (!options.save.empty()) opts.save = options.save;  // else where the run was told to save
     if (resume_epochs > 0) opts.epochs = resume_epochs;
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
     prog = ck->progress;
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
-  fs::create_directories(opts.out);
+  // Every output path is checked before any work, so a run never fails at its end for a bad path.
+  std::error_code ec;
+  fs::create_directories(opts.out, ec);
+  RELPOS_CHECK(!ec && fs::is_directory(opts.out), opts.out << ": cannot create the output folder ("
+                                                           << (ec ? ec.message() : "not a folder") << ")");
+  check_writable_folder(opts.out, "the output folder");
+  if (!opts.save.empty()) {
+    const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
+    RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");
+    RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
+    check_writable_folder(parent.string(), "the folder of the model file");
+  }
   // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
   for (const auto& e : fs::directory_iterator(opts.out)) {
     const std::string name = e.path().filename().string();
@@ -251,6 +277,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     }
   }
   model.save_json((fs::path(opts.out) / "model.json").string());
+  if (!opts.save.empty()) {
+    model.save_json(opts.save);
+    result.saved = opts.save;
+  }
   result.history = prog.history;
   result.seconds = seconds_since(run_start);
   return result;

@@ -167,7 +167,6 @@ void PreprocessOptions::apply(Model& model) const {
   if (!labels.empty()) model.set_labels(read_labels(labels));
 }
 
-namespace {
 // The shortest decimal that reads back as the same float.
 std::string shortest(float v) {
   for (int digits = 6; digits < 10; ++digits) {
@@ -179,7 +178,16 @@ std::string shortest(float v) {
   os << std::setprecision(9) << v;
   return os.str();
 }
-}  // namespace
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << std::setprecision(6) << v;
+  return os.str();
+}
+
+std::string count_text(long n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 std::string preprocess_flags(const Preprocess& p) {
   std::ostringstream os;

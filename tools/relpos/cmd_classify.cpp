@@ -1,6 +1,7 @@
 // relpos classify: top-k classes of images and folders of images.
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -21,7 +22,21 @@ struct ClassifyArgs {
   int topk = 5;
   int batch = 8;
   bool json = false, quiet = false;
+  std::string shard;  // "K/N"
 };
+
+// "K/N" with 1 <= K <= N: this run takes the inputs whose position in the sorted list is K-1 mod N.
+std::pair<std::size_t, std::size_t> parse_shard(const std::string& text) {
+  std::size_t k = 0, n = 0;
+  char slash = 0, extra = 0;
+  std::istringstream in(text);
+  const bool ok = static_cast<bool>(in >> k >> slash >> n) && slash == '/' && !(in >> extra) &&
+                  text.find('-') == std::string::npos;
+  RELPOS_USAGE_CHECK(ok && n >= 1 && k >= 1 && k <= n && n <= 1000000,
+                     "--shard takes K/N with 1 <= K <= N (e.g. --shard 2/4 for the second of four parts), got '" << text
+                                                                                                             << "'");
+  return {k, n};
+}
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -66,12 +81,20 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
 
 void run(const ClassifyArgs& a) {
   RELPOS_CHECK(a.batch >= 1, "--batch must be at least 1");
+  if (!a.shard.empty()) parse_shard(a.shard);  // a usage error before the model loads
   auto t_load = Clock::now();
   Model model = a.model.load();
   a.pre.apply(model);
   const double load_ms = ms_since(t_load);
   std::vector<std::pair<std::string, std::string>> errors;
-  const std::vector<std::string> files = expand_inputs(a.inputs, errors);
+  std::vector<std::string> files = expand_inputs(a.inputs, errors);
+  if (!a.shard.empty()) {
+    const auto [k, n] = parse_shard(a.shard);
+    std::vector<std::string> mine;
+    for (std::size_t i = k - 1; i < files.size(); i += n) mine.push_back(files[i]);
+    files = std::move(mine);
+    if (k != 1) errors.clear();  // inputs that do not exist are reported once, by shard 1
+  }
   for (const auto& [name, message] : errors) report_error(a, name, message);
   ProgressBar bar("classify", a.quiet);
   const Preprocess& pre = model.preprocess();
@@ -140,6 +163,10 @@ void register_classify(CLI::App& app) {
       ->check(at_least_one("--batch", "images per forward pass"))
       ->capture_default_str();
   sub->add_flag("--json", args->json, "One JSON object per image on stdout");
+  sub->add_option("--shard", args->shard,
+                  "Classify only part K of N of the inputs (every N-th file of the sorted list, from the K-th), so "
+                  "that N machines or jobs split a folder; missing inputs are reported by part 1")
+      ->type_name("K/N");
   sub->add_flag("-q,--quiet", args->quiet, "No progress bar and no timing summary on stderr");
   args->pre.add(sub);
   sub->callback([args] { run(*args); });

@@ -28,7 +28,7 @@ extern "C" void on_signal(int) {
 }
 
 struct TrainArgs {
-  std::string config, resume, save;
+  std::string config, resume;
   bool epochs_given = false;
   RunOptions run;
   std::uint32_t init_seed = 0;
@@ -47,7 +47,8 @@ void run(TrainArgs a) {
   if (a.resume.empty())
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
               << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
-              << a.opt.epochs << " epochs of batch " << a.opt.batch << ", " << to_string(a.opt.optimizer.kind) << " lr " << a.opt.lr
+              << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch << ", "
+              << to_string(a.opt.optimizer.kind) << " lr " << number_text(a.opt.lr)
               << ", " << threads_in_use() << " threads, " << to_string(device) << "; writing " << a.opt.out << "/\n";
   else
     std::cerr << "relpos: resuming " << a.resume << "\n";
@@ -63,7 +64,7 @@ void run(TrainArgs a) {
     return;
   }
   if (r.images > 0)
-    std::cerr << std::fixed << std::setprecision(1) << "relpos: trained on " << r.images << " images in "
+    std::cerr << std::fixed << std::setprecision(1) << "relpos: trained on " << count_text(static_cast<long>(r.images), "image") << " in "
               << r.step_seconds << " s of training steps (" << r.images / r.step_seconds << " img/s)\n";
   if (!r.checkpoint.empty() && r.history.empty()) {
     std::cerr << "relpos: stopped after --max-steps; checkpoint saved to " << r.checkpoint << "\n";
@@ -78,10 +79,7 @@ void run(TrainArgs a) {
     std::cerr << "; wrote " << dir << "/model.json, log.csv"
               << (std::filesystem::exists(dir + "/curves.png") ? ", curves.png" : "") << "\n";
   }
-  if (!a.save.empty()) {
-    model.save_json(a.save);
-    std::cerr << "relpos: saved " << a.save << "\n";
-  }
+  if (!r.saved.empty()) std::cerr << "relpos: saved " << r.saved << "\n";
 }
 
 }  // namespace
@@ -112,7 +110,8 @@ void register_train(CLI::App& app) {
   sub->add_option("--seed", a->opt.seed, "Seed of data order and augmentation")->capture_default_str();
   sub->add_option("--init-seed", a->init_seed, "Seed of the initial weights")->capture_default_str();
   sub->add_option("-o,--out", a->opt.out, "Output folder")->capture_default_str();
-  sub->add_option("--save", a->save, "Also write the trained model (relpos weights JSON) here");
+  sub->add_option("--save", a->opt.save,
+                  "Also write the trained model (relpos weights JSON) here; remembered by --resume");
   sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(CLI::PositiveNumber)->capture_default_str();
   a->run.add(sub);
   sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint)");
