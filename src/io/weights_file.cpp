@@ -148,6 +148,30 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
   return fc;
 }
 
+// The keys of the top-level object, until one says "weights file".
+struct TopLevelKeys : nlohmann::json_sax<json> {
+  int depth = 0;
+  bool weights = false, stages = false;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth != 1) return true;
+    if (k == "format" || k == "tensors") return weights = true, false;  // stop: a weights file
+    if (k == "stages") stages = true;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
 }  // namespace
 
 ModelFileKind model_file_kind(const std::string& path) {
@@ -161,10 +185,13 @@ ModelFileKind model_file_kind(const std::string& path) {
   while (in.get(c)) {
     if (std::isspace(static_cast<unsigned char>(c))) continue;
     if (c != '{') return ModelFileKind::Safetensors;
-    // JSON: a config has "stages" and no "tensors" (read_weights_file says what else is wrong)
-    const json j = json::parse(std::ifstream(path), nullptr, /*allow_exceptions=*/false);
-    return j.is_object() && j.contains("stages") && !j.contains("tensors") ? ModelFileKind::Config
-                                                                          : ModelFileKind::WeightsJson;
+    // JSON: a weights file has "format" or "tensors" at the top; a config has "stages" and neither.
+    // Read as a stream of events that stops at the first telling key, so that a large weights
+    // file is not parsed here as well as by its reader.
+    TopLevelKeys keys;
+    std::ifstream whole(path, std::ios::binary);
+    json::sax_parse(whole, &keys, json::input_format_t::json, /*strict=*/false);
+    return keys.weights || !keys.stages ? ModelFileKind::WeightsJson : ModelFileKind::Config;
   }
   RELPOS_FAIL(path << ": empty file");
 }
