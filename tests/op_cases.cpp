@@ -7,7 +7,6 @@
 #include <limits>
 #include <memory>
 #include <random>
-#include <regex>
 #include <sstream>
 
 #include "core/ops_internal.hpp"
@@ -644,14 +643,18 @@ std::vector<std::string> backend_contract_ops() {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  // a declaration: "<return type> name(" at the start of a line
-  static const std::regex decl(R"(^(?:Tensor|void|ops::[A-Za-z]+)\s+([a-z0-9_]+)\()");
+  // a declaration: "<return type> name(" at the start of a line, the return type being Tensor,
+  // void or ops::<Struct> (continuation lines start with spaces)
   std::vector<std::string> names;
   std::istringstream lines(text);
   std::string line;
-  std::smatch m;
-  while (std::getline(lines, line))
-    if (std::regex_search(line, m, decl)) names.push_back(m[1].str());
+  while (std::getline(lines, line)) {
+    if (!(line.rfind("Tensor ", 0) == 0 || line.rfind("void ", 0) == 0 || line.rfind("ops::", 0) == 0)) continue;
+    const std::size_t paren = line.find('(');
+    const std::size_t space = line.rfind(' ', paren);
+    if (paren == std::string::npos || space == std::string::npos || space + 1 >= paren) continue;
+    names.push_back(line.substr(space + 1, paren - space - 1));
+  }
   return names;
 }
 

@@ -96,6 +96,9 @@ TEST_CASE("enums: every value's name parses back; unknown names list the known o
   for (auto v : {StemPool::None, StemPool::MaxPool}) CHECK(parse_stem_pool(to_string(v)) == v);
   for (auto v : {BlockType::Bottle, BlockType::SelfAttn, BlockType::Sasa}) CHECK(parse_block_type(to_string(v)) == v);
   for (auto v : {OptimizerKind::SGD, OptimizerKind::AdamW}) CHECK(parse_optimizer_kind(to_string(v)) == v);
+  for (auto v : {Act::None, Act::ReLU, Act::SiLU}) CHECK(parse_act(to_string(v)) == v);
+  CHECK(parse_act("swish") == Act::SiLU);
+  for (auto v : {PosEncoding::Relative, PosEncoding::Absolute, PosEncoding::None}) CHECK(parse_pos_encoding(to_string(v)) == v);
   CHECK_THROWS_WITH_AS(parse_block_type("transformer"),
                        doctest::Contains("block type 'transformer' is not known (expected bottle, self_attn or sasa)"), relpos::Error);
   CHECK_THROWS_WITH_AS(parse_interpolation("cubicc"), doctest::Contains("nearest, bilinear, bicubic, box, hamming, lanczos"), relpos::Error);

@@ -278,7 +278,7 @@ TEST_CASE("model configs reject unknown keys and impossible values") {
   CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("block type 'transformer'"), Error);
   j = json::parse(detail::read_file(tiny_config()));
   j["self_attn"]["pos"] = "rotary";
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("unknown position encoding 'rotary'"), Error);
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("position encoding 'rotary' is not known (expected relative, absolute or none)"), Error);
   const ModelConfig c = ModelConfig::load("tiny_botnet_96x64");
   CHECK(ModelConfig::from_json(c.to_json()).to_json() == c.to_json());
 }

@@ -16,7 +16,7 @@ namespace relpos {
 // application running W threads that each call relpos should set about cores / W, so that the
 // W x n OpenMP threads do not oversubscribe the cores (docs/threads.md). At most 1024.
 void set_num_threads(int n);
-int num_threads();      // the setting (0: OpenMP's default)
+int num_threads();      // the setting (0: the adaptive default)
 int threads_in_use();   // the threads a relpos call from this thread would use now
 
 // Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix

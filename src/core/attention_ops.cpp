@@ -6,24 +6,17 @@
 #include <cmath>
 
 #include "core/dispatch.hpp"
+#include "io/json_reader.hpp"
 
 namespace relpos {
 
-PosEncoding parse_pos_encoding(const std::string& s) {
-  if (s == "relative") return PosEncoding::Relative;
-  if (s == "absolute") return PosEncoding::Absolute;
-  if (s == "none") return PosEncoding::None;
-  RELPOS_FAIL("unknown position encoding '" << s << "' (expected relative, absolute or none)");
-}
+namespace {
+constexpr detail::EnumName<PosEncoding> kPosEncodings[] = {
+    {PosEncoding::Relative, "relative"}, {PosEncoding::Absolute, "absolute"}, {PosEncoding::None, "none"}};
+}  // namespace
 
-std::string to_string(PosEncoding p) {
-  switch (p) {
-    case PosEncoding::Relative: return "relative";
-    case PosEncoding::Absolute: return "absolute";
-    case PosEncoding::None: return "none";
-  }
-  return "?";
-}
+PosEncoding parse_pos_encoding(const std::string& s) { return detail::parse_enum(s, kPosEncodings, "position encoding"); }
+std::string to_string(PosEncoding p) { return detail::enum_name(p, kPosEncodings); }
 
 float BotAttnSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }
 float SasaSpec::scale() const { return 1.0f / std::sqrt(static_cast<float>(dqk)); }

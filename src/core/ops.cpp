@@ -3,23 +3,17 @@
 #include <initializer_list>
 
 #include "core/dispatch.hpp"
+#include "io/json_reader.hpp"
+
 namespace relpos {
 
-Act parse_act(const std::string& s) {
-  if (s == "relu") return Act::ReLU;
-  if (s == "silu" || s == "swish") return Act::SiLU;
-  if (s == "none" || s == "identity" || s.empty()) return Act::None;
-  RELPOS_FAIL("unknown activation '" << s << "' (expected relu, silu or none)");
-}
+namespace {
+constexpr detail::EnumName<Act> kActs[] = {{Act::ReLU, "relu"}, {Act::SiLU, "silu"},     {Act::None, "none"},
+                                           {Act::SiLU, "swish"}, {Act::None, "identity"}, {Act::None, ""}};
+}  // namespace
 
-std::string to_string(Act a) {
-  switch (a) {
-    case Act::ReLU: return "relu";
-    case Act::SiLU: return "silu";
-    case Act::None: return "none";
-  }
-  return "?";
-}
+Act parse_act(const std::string& s) { return detail::parse_enum(s, kActs, "activation"); }
+std::string to_string(Act a) { return detail::enum_name(a, kActs); }
 
 namespace ops {
 

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 void RunOptions::add(CLI::App* app) {
   app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
-  app->add_option("--threads", threads, "CPU threads (default: all cores; 1 to " + std::to_string(kMaxThreads) + ")")
+  app->add_option("--threads", threads, "CPU threads (default: all cores, less those other processes keep busy; 1 to " + std::to_string(kMaxThreads) + ")")
       ->check(CLI::Range(0, kMaxThreads));
   app->add_option("--max-model-gb", max_model_gb,
                   "Allow models whose estimated memory (relpos info shows it) is up to this many GiB (default 16)")
