@@ -13,8 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (static_cast<double>(img.total()) > 4e6) return 0;  // keep each run quick
     relpos::Preprocess p;
     p.height = 64, p.width = 48;
-    p.interpolation = size % 2 ? Interpolation::Bicubic : Interpolation::Bilinear;
-    p.crop_mode = size % 3 == 0 ? CropMode::Squash : size % 3 == 1 ? CropMode::Border : CropMode::Center;
+    p.interpolation = size % 2 ? relpos::Interpolation::Bicubic : relpos::Interpolation::Bilinear;
+    p.crop_mode = size % 3 == 0 ? relpos::CropMode::Squash : size % 3 == 1 ? relpos::CropMode::Border : relpos::CropMode::Center;
     (void)relpos::make_batch({img}, p);
   } catch (const relpos::Error&) {
   }
