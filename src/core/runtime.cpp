@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -82,7 +83,10 @@ int adaptive_threads() {
   static const int all = omp_get_num_procs();  // OpenMP's default without OMP_NUM_THREADS
   static const bool enabled = [] {
     const char* off = std::getenv("RELPOS_ADAPTIVE_THREADS");
-    return std::getenv("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0);
+    // /proc/loadavg counts the runnable threads of every CPU: it says how busy our cores are only
+    // when this process may use all of them (not inside a cpuset of fewer CPUs)
+    return std::getenv("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0) &&
+           sysconf(_SC_NPROCESSORS_ONLN) == omp_get_num_procs();
   }();
   if (!enabled || all <= 1) return all;
   using Clock = std::chrono::steady_clock;
