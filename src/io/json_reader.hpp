@@ -32,11 +32,18 @@ std::string enum_names(const EnumName<E> (&names)[N]) {  // "a, b or c"
   return out;
 }
 
+// The entry named text, or nullptr.
+template <typename E, std::size_t N>
+const EnumName<E>* find_enum(const std::string& text, const EnumName<E> (&names)[N]) {
+  for (const auto& n : names)
+    if (text == n.name) return &n;
+  return nullptr;
+}
+
 // The value named text; otherwise an Error "<what> 'text' is not known (expected a, b or c)".
 template <typename E, std::size_t N>
 E parse_enum(const std::string& text, const EnumName<E> (&names)[N], const std::string& what) {
-  for (const auto& n : names)
-    if (text == n.name) return n.value;
+  if (const auto* n = find_enum(text, names)) return n->value;
   RELPOS_FAIL(what << " '" << text << "' is not known (expected " << enum_names(names) << ")");
 }
 
@@ -92,8 +99,7 @@ class JsonReader {
     if (!j_.contains(k)) return fallback;
     const nlohmann::json& v = j_.at(k);
     RELPOS_CHECK(v.is_string(), at(k) << " must be a string, got " << v.dump());
-    for (const auto& n : names)
-      if (v.get<std::string>() == n.name) return n.value;
+    if (const auto* n = find_enum(v.get<std::string>(), names)) return n->value;
     RELPOS_FAIL(at(k) << " is " << v.dump() << " (expected " << enum_names(names) << ")");
   }
 

@@ -9,6 +9,7 @@
 
 #include "io/base64.hpp"
 #include "io/json_reader.hpp"
+#include "model/config_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/safetensors.hpp"
 
@@ -119,11 +120,12 @@ ModelFile read_json_weights(const std::string& path) {
 
 ModelFile read_safetensors_weights(const std::string& path, const std::string& config) {
   const SafetensorsFile f = SafetensorsFile::read(path);
-  ModelFile fc;
+  ModelFile fc, shipped;  // shipped: the config named by `config`, read once
   const auto& meta = f.metadata();
   try {
     if (!config.empty()) {
-      fc.config = ModelConfig::load(config);
+      shipped = read_config_file(config);
+      fc.config = shipped.config;
     } else if (meta.count("relpos.config")) {
       fc.config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
     } else {
@@ -134,6 +136,9 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
     if (meta.count("relpos.preprocess")) {
       fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
     }
+    // the config may carry the preprocessing and labels its weights were trained with
+    if (!fc.preprocess) fc.preprocess = shipped.preprocess;
+    if (fc.labels.empty()) fc.labels = std::move(shipped.labels);
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": bad relpos metadata (" << e.what() << ")");
   } catch (const Error& e) {
@@ -201,7 +206,8 @@ ModelFile read_weights_file(const std::string& path, const std::string& config) 
   RELPOS_CHECK(kind != ModelFileKind::Config,
                path << ": this is a model config without weights; create a model from it (relpos train --config, "
                        "Model::create or Model::open) or pass weights");
-  ModelFile fc = kind == ModelFileKind::WeightsJson ? read_json_weights(path) : read_safetensors_weights(path, config);
+  if (kind == ModelFileKind::Safetensors) return read_safetensors_weights(path, config);
+  ModelFile fc = read_json_weights(path);
   if (!config.empty() && (!fc.preprocess || fc.labels.empty())) {
     // a shipped config may carry the preprocessing and labels its weights were trained with
     ModelFile c = read_config_file(config);
@@ -214,19 +220,15 @@ ModelFile read_weights_file(const std::string& path, const std::string& config) 
 ModelFile read_config_file(const std::string& path_or_name) {
   const std::string path = find_config(path_or_name);
   ModelFile fc;
-  json j = read_json_file(path);  // parsed once for the config, its labels and its preprocessing
-  RELPOS_CHECK(j.is_object(), path << ": a model config must be a JSON object");
+  const json j = read_json_file(path);  // parsed once for the config, its labels and its preprocessing
+  fc.config = config_in_file(j, path);
   try {
-    json config = j;
-    config.erase("labels");
-    config.erase("preprocess");
-    fc.config = ModelConfig::from_json(config);
     if (j.contains("labels")) fc.labels = labels_from(j["labels"], path + ": labels");
     if (j.contains("preprocess")) fc.preprocess = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
   } catch (const Error& e) {
     RELPOS_FAIL(naming(path, e.what()));
   } catch (const json::exception& e) {
-    RELPOS_FAIL(path << ": unexpected JSON structure in the model config (" << e.what() << ")");
+    RELPOS_FAIL(path << ": unexpected JSON structure (" << e.what() << ")");
   }
   return fc;
 }

@@ -10,6 +10,7 @@
 
 #include "io/json_reader.hpp"
 #include "layers/blocks.hpp"
+#include "model/config_file.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -196,14 +197,17 @@ std::string find_config(const std::string& path_or_name) {
 
 ModelConfig ModelConfig::load(const std::string& path_or_name) {
   const std::string path = find_config(path_or_name);
-  json j = detail::read_json_file(path);
+  return detail::config_in_file(detail::read_json_file(path), path);
+}
+
+ModelConfig detail::config_in_file(json j, const std::string& path) {
   RELPOS_CHECK(j.is_object(), path << ": a model config must be a JSON object");
   // A weights file carries its config inside.
   if (j.contains("config") && j.contains("tensors")) j = j.at("config");
   j.erase("preprocess");
   j.erase("labels");
   try {
-    return from_json(j);
+    return ModelConfig::from_json(j);
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
   } catch (const json::exception& e) {

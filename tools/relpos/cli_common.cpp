@@ -63,7 +63,6 @@ void set_threads(int threads) {
   if (threads > 0) relpos::set_num_threads(std::min(threads, kMaxThreads));
 }
 
-int threads_in_use() { return relpos::threads_in_use(); }
 
 int& exit_status() {
   static int status = 0;
@@ -176,12 +175,6 @@ std::string shortest(float v) {
   }
   std::ostringstream os;
   os << std::setprecision(9) << v;
-  return os.str();
-}
-
-std::string number_text(double v) {
-  std::ostringstream os;
-  os << std::setprecision(6) << v;
   return os.str();
 }
 

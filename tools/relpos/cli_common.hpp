@@ -75,13 +75,10 @@ CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 
 // The shortest decimal that reads back as the same float ("0.001", not "0.00").
 std::string shortest(float v);
-// A number as a person writes it: up to 6 significant digits, no trailing zeros.
-std::string number_text(double v);
 // "1 epoch", "3 epochs".
 std::string count_text(long n, const std::string& noun);
 
 void set_threads(int threads);
-int threads_in_use();
 // The process exit status a command asks for (0 unless it reported failures).
 int& exit_status();
 // Files named on the command line, with folders expanded (recursively) to the image files they

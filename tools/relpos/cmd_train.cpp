@@ -48,7 +48,7 @@ void run(TrainArgs a) {
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
               << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
               << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch << ", "
-              << to_string(a.opt.optimizer.kind) << " lr " << number_text(a.opt.lr)
+              << to_string(a.opt.optimizer.kind) << " lr " << shortest(a.opt.lr)
               << ", " << threads_in_use() << " threads, " << to_string(device) << "; writing " << a.opt.out << "/\n";
   else
     std::cerr << "relpos: resuming " << a.resume << "\n";
