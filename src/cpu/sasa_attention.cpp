@@ -10,6 +10,7 @@
 // forward and (image, head) in the backward, and the backward's planes are gathered back into
 // channels-last. Every value is computed in one fixed order, whatever the thread count.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -88,37 +89,52 @@ void gather_from_planes(const sasa::Kernels& kern, const float* planes, const sa
     for (int y = 0; y < p.H; ++y) kern.gather_row(p, planes + i * C * P, C, dst.data() + (b0 + i) * image, y);
 }
 
-// Grow-only buffers of the calling thread: allocating (and zeroing) the planes on every call cost
-// more than filling them. A buffer also remembers the plane layout it last held (`layout`): the
-// padding of planes filled by spread_to_planes is still zero when the next call has the same one.
-struct ThreadBuffer {
-  float* data;
-  bool same_layout;
-};
-ThreadBuffer thread_buffer(int slot, std::int64_t floats, std::uint64_t layout = 0) {
+// Grow-only buffers of the calling thread: allocating (and zeroing) them on every call cost more
+// than filling them.
+float* thread_buffer(int slot, std::int64_t floats) {
   struct Buffer {
     std::unique_ptr<float[]> data;
     std::int64_t size = 0;
-    std::uint64_t layout = 0;
   };
-  thread_local Buffer buffers[5];  // 0, 1: forward planes and scratch; 2 to 4: backward
+  thread_local Buffer buffers[2];  // scratch, backward's gradient planes
   Buffer& b = buffers[slot];
   if (b.size < floats) {
     b.data.reset(new float[static_cast<std::size_t>(floats)]);
     b.size = floats;
-    b.layout = 0;
   }
-  const bool same = layout != 0 && b.layout == layout;
-  b.layout = layout;
-  return {b.data.get(), same};
+  return b.data.get();
 }
 
-// What decides where spread_to_planes writes zeros (never 0).
-std::uint64_t plane_layout(const sasa::Planes& p, std::int64_t C, std::int64_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::int64_t v : {std::int64_t{p.H}, std::int64_t{p.W}, std::int64_t{p.r}, std::int64_t{p.Wp}, C, n})
-    h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
-  return h | 1;
+// Plane buffers of the calling thread, one per plane layout (a network's SASA layers have a few):
+// the padding spread_to_planes zeroed is still zero when the same layout comes back, so only the
+// map's interior is written again. `clean` says so.
+using PlaneLayout = std::array<std::int64_t, 7>;  // role, H, W, r, Wp, channels, images
+float* plane_buffer(const PlaneLayout& layout, std::int64_t floats, bool* clean) {
+  struct Entry {
+    PlaneLayout layout{};
+    std::unique_ptr<float[]> data;
+    std::uint64_t used = 0;
+  };
+  constexpr std::size_t kKeep = 12;
+  thread_local std::vector<Entry> entries;
+  thread_local std::uint64_t clock = 0;
+  ++clock;
+  for (Entry& e : entries)
+    if (e.layout == layout) {
+      e.used = clock;
+      *clean = true;
+      return e.data.get();
+    }
+  if (entries.size() >= kKeep)  // forget the least recently used
+    entries.erase(std::min_element(entries.begin(), entries.end(),
+                                   [](const Entry& a, const Entry& b) { return a.used < b.used; }));
+  entries.push_back({layout, std::unique_ptr<float[]>(new float[static_cast<std::size_t>(floats)]), clock});
+  *clean = false;
+  return entries.back().data.get();
+}
+
+PlaneLayout plane_layout(int role, const sasa::Planes& p, std::int64_t C, std::int64_t n) {
+  return {role, p.H, p.W, p.r, p.Wp, C, n};
 }
 
 // Images per chunk: enough units of work for every thread, without planes for the whole batch.
@@ -140,13 +156,13 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   const sasa::Kernels& kern = sasa::kernels();
   const int threads = omp_get_max_threads();
   const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * g.H, threads);
-  const ThreadBuffer planes_buf = thread_buffer(0, G * g.Ct * p.plane(), plane_layout(p, g.Ct, G));
-  float* planes = planes_buf.data;
+  bool clean = false;
+  float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * p.plane(), &clean);
   const std::int64_t S = sasa::scratch_floats(p);
-  float* scratch = thread_buffer(1, threads * S).data;
+  float* scratch = thread_buffer(0, threads * S);
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
     const std::int64_t n = std::min(G, g.B - b0);
-    spread_to_planes(kern, qkv, b0, n, p, planes, planes_buf.same_layout || b0 > 0);
+    spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
 #pragma omp parallel for collapse(3) schedule(static)
     for (std::int64_t i = 0; i < n; ++i)
       for (int h = 0; h < g.heads; ++h)
@@ -177,19 +193,18 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   const int threads = omp_get_max_threads();
   const std::int64_t G = chunk_images(g.B, g.heads, threads);
   const std::int64_t P = p.plane();
-  const ThreadBuffer planes_buf = thread_buffer(4, G * g.Ct * P, plane_layout(p, g.Ct, G));
-  const ThreadBuffer dplanes_buf = thread_buffer(2, G * g.Co * P, plane_layout(p, g.Co, G));
-  float* planes = planes_buf.data;
-  float* dplanes = dplanes_buf.data;
-  float* gplanes = thread_buffer(3, G * g.Ct * P).data;
+  bool clean = false, dclean = false;
+  float* planes = plane_buffer(plane_layout(1, p, g.Ct, G), G * g.Ct * P, &clean);
+  float* dplanes = plane_buffer(plane_layout(2, p, g.Co, G), G * g.Co * P, &dclean);
+  float* gplanes = thread_buffer(1, G * g.Ct * P);
   const std::int64_t S = sasa::scratch_floats(p), tsize = static_cast<std::int64_t>(g.k) * g.half;
-  float* scratch = thread_buffer(1, threads * S).data;
+  float* scratch = thread_buffer(0, threads * S);
   // Each (image, head) writes its own embedding gradients; they are added in that order after.
   std::vector<float> dr(static_cast<std::size_t>(g.B * g.heads * 2 * tsize));
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
     const std::int64_t n = std::min(G, g.B - b0);
-    spread_to_planes(kern, qkv, b0, n, p, planes, planes_buf.same_layout || b0 > 0);
-    spread_to_planes(kern, dout, b0, n, p, dplanes, dplanes_buf.same_layout || b0 > 0);
+    spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
+    spread_to_planes(kern, dout, b0, n, p, dplanes, dclean || b0 > 0);
 #pragma omp parallel for schedule(static)
     for (std::int64_t pl = 0; pl < n * g.Ct; ++pl) std::fill(gplanes + pl * P, gplanes + (pl + 1) * P, 0.0f);
 #pragma omp parallel for collapse(2) schedule(static)
