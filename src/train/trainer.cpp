@@ -246,6 +246,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
        << (opts.extend == "constant" ? "stays at " : "follows a new cosine from ") << sched.segments.back().lr;
     if (opts.extend_lr > 0.0f) os << " (given; it was " << from << ")";
     if (opts.extend != "constant") os << " to " << opts.min_lr;
+    if (sched.segments.back().lr <= 0.0f) os << " (a rate of 0 leaves the weights as they are: give --lr to train on)";
     note(os.str());
   }
   const auto run_start = Clock::now();
@@ -368,6 +369,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       report(ev);
     }
   }
+  result.checkpoint = ckpt_path;  // also when a finished run was resumed without more epochs
   // model.json (and --save): the best epoch by validation, else the last; the EMA when on.
   std::optional<Model> best_model;
   const Model* final_model = &scored_model();
