@@ -183,3 +183,32 @@ TEST_CASE("training with EMA: the checkpoint keeps it, evaluation and model.json
   CHECK(weights_of(resumed) == weights_of(full));
   CHECK(weights_of(Model::load(d.path + "/part/model.json")) == ema_weights);
 }
+
+TEST_CASE("a checkpoint written before validation, EMA and extensions existed still resumes") {
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 12, 3);
+  TrainOptions o = quick(d.path + "/data", d.path + "/run", 2);
+  o.max_steps = 3;
+  Model m = Model::create(test::tiny_rgb_config(), 9);
+  train(m, o);
+  // the same checkpoint as an older relpos wrote it: none of the newer option or progress keys
+  const std::string path = d.path + "/run/checkpoint.safetensors";
+  const SafetensorsFile f = SafetensorsFile::read(path);
+  auto meta = f.metadata();
+  auto opts = nlohmann::json::parse(meta.at("relpos.train_options"));
+  for (const char* k : {"val_split", "ema_decay", "clip_grad", "init", "init_config", "extend", "extend_lr"}) opts.erase(k);
+  auto prog = nlohmann::json::parse(meta.at("relpos.progress"));
+  for (const char* k : {"best_epoch", "best_val_acc", "lr_segments"}) prog.erase(k);
+  for (auto& e : prog.at("history")) e.erase("val_loss"), e.erase("val_acc");
+  meta["relpos.train_options"] = opts.dump();
+  meta["relpos.progress"] = prog.dump();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
+  write_safetensors(path, tensors, meta);
+  Model resumed = Model::create(test::tiny_rgb_config(), 1);
+  const TrainResult r = train(resumed, quick(d.path + "/data", "", 2), path);
+  CHECK(r.history.size() == 2);
+  Model full = Model::create(test::tiny_rgb_config(), 9);
+  train(full, quick(d.path + "/data", d.path + "/full", 2));
+  CHECK(weights_of(resumed) == weights_of(full));
+}

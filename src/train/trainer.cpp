@@ -175,8 +175,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
 
   // A new run takes its classes from the data (a new classifier when the model's do not fit it).
   if (!ck) {
-    const std::string changed = fit_to_data(model, open_dataset(opts.data, "train")->classes(),
-                                            static_cast<std::uint32_t>(opts.seed));
+    const std::string changed =
+        fit_to_data(model, is_folder_data(opts.data) ? open_dataset(opts.data, "train")->classes() : fashion_mnist_classes(),
+                    static_cast<std::uint32_t>(opts.seed));
     if (!changed.empty()) note(changed);
   }
   // The model's labels find their class folders by name.
