@@ -17,6 +17,7 @@ class ResidualBlock : public Module {
 
   void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
   Tensor infer(const Tensor& x) const override;
+  Tensor infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const override;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;

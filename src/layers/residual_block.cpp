@@ -41,6 +41,13 @@ Tensor ResidualBlock::infer(const Tensor& x) const {
   return conv3_->infer(h, &sc, act_);
 }
 
+Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const {
+  const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
+  Tensor h = conv1_->infer(x);
+  for (auto& [name, m] : body()) h = m->infer_attention(h, prefix + name + ".", maps);
+  return conv3_->infer(h, &sc, act_);
+}
+
 Tensor ResidualBlock::forward(const Tensor& x) {
   const Tensor sc = shortcut_ ? shortcut_->forward(x) : x;
   Tensor h = conv1_->forward(x);
