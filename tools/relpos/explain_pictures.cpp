@@ -128,7 +128,7 @@ void draw_attention_picture(const AttentionMaps& m, const QueryTerms& t, const A
                   std::to_string(m.height) + "x" + std::to_string(m.width) + " map, " +
                   (m.kind == AttentionKind::Global ? "all keys" : "its " + std::to_string(m.sasa.kernel) + "x" +
                                                                       std::to_string(m.sasa.kernel) + " window") +
-                  "; one colour scale for all heads");
+                  "; one colour scale for all heads; mean distance: over all queries");
 
   // the map's cells and their offsets from the query
   {
@@ -166,8 +166,8 @@ void draw_attention_picture(const AttentionMaps& m, const QueryTerms& t, const A
       if (g.valid[i]) best = std::max(best, g.values[i]);
     draw_text(img, "head " + std::to_string(h), {at.x, at.y - 24}, 0.5, kInk, 1);
     draw_text(img,
-              "max p " + cells_text(best) + "; mean distance " +
-                  cells_text(dist.map_pixels[static_cast<std::size_t>(h)]) + " cells (all queries)",
+              "max p " + cells_text(best) + ", mean distance " +
+                  cells_text(dist.map_pixels[static_cast<std::size_t>(h)]) + " cells",
               {at.x, at.y - 7}, 0.38);
   }
   draw_colour_bar(img, {bar_x, top + header, 18, ph}, scale, "p");
