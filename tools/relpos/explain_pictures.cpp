@@ -302,10 +302,13 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
   const int stacks = sim_h.ndim() == 3 ? static_cast<int>(sim_h.dim(0)) : 1;
   const int rows_h = static_cast<int>(sim_h.dim(-1)), rows_w = static_cast<int>(sim_w.dim(-1));
   const bool clipped = global && m.bot.clip > 0;
-  const int cell = std::clamp(300 / std::max(rows_h, rows_w), 5, 26);
-  const int left = 56, top = 110, gap = 90, header = 40;
+  const int cell = std::clamp(300 / std::max(rows_h, rows_w), 5, 40);
+  const int left = 56, top = 110, header = 40;
+  const std::string who0 = stacks > 1 ? "head 0: " : "";
+  const std::string captions[2] = {"row offsets dy: cos(R[dy], R[dy'])", "column offsets dx: cos(R[dx], R[dx'])"};
+  const int second_x = left + std::max(cell * rows_h + 90, text_width(who0 + captions[0], 0.42) + 30);
   const int panel_h = cell * std::max(rows_h, rows_w) + header + 30;
-  const int bar_x = left + cell * rows_h + gap + cell * rows_w + 30;
+  const int bar_x = second_x + std::max(cell * rows_w, text_width(who0 + captions[1], 0.42) - 30) + 30;
   const std::string what = global ? "Rh (pos_embed.height_rel) and Rw (pos_embed.width_rel)"
                                   : "r_row (acts on q[:d/2]) and r_col (acts on q[d/2:])";
   cv::Mat img = titled_canvas(top + stacks * panel_h + 20, bar_x + 90, title,
@@ -325,7 +328,7 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
     for (int which = 0; which < 2; ++which) {
       const Tensor& sim = which == 0 ? sim_h : sim_w;
       const int rows = which == 0 ? rows_h : rows_w;
-      const int x0 = which == 0 ? left : left + cell * rows_h + gap;
+      const int x0 = which == 0 ? left : second_x;
       Grid g{rows, rows, {}, {}};
       const float* v = sim.data() + static_cast<std::int64_t>(s) * rows * rows;
       g.values.assign(v, v + rows * rows);
@@ -333,8 +336,7 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
       draw_grid(img, box, g, scale, cell >= 30);
       const auto labels = table_labels(rows, clipped);
       draw_axis_labels(img, box, labels, labels, 0.34);
-      draw_text(img, who + (which == 0 ? "row offsets dy: cos(R[dy], R[dy'])" : "column offsets dx: cos(R[dx], R[dx'])"),
-                {x0 - 30, y0 - header + 6}, 0.42, kInk, 1);
+      draw_text(img, who + captions[which], {x0 - 30, y0 - header + 6}, 0.42, kInk, 1);
       if (clipped) {
         for (int e : {1, rows - 1}) {
           cv::line(img, {box.x + e * cell, box.y}, {box.x + e * cell, box.y + box.height}, kMark, 2);
