@@ -182,13 +182,6 @@ void draw_terms_picture(const AttentionMaps& m, const QueryTerms& t, const std::
   const bool relative = t.row_term.defined();
   const bool global = m.kind == AttentionKind::Global;
   const int strip = relative ? 14 : 0;  // the row and column terms beside the position panel
-  const int left = 60, top = 130, gap = 56 + strip, header = 40;
-  const int row_h = header + gs.height + 26;
-  const int bar_x = left + 3 * gs.width + 2 * gap + 14;
-  const cv::Point q = query_cell(m, t), first = first_offset(m, t);
-  cv::Mat img = titled_canvas(top + static_cast<int>(heads.size()) * row_h, bar_x + 110, title,
-              m.layer + ": the logits of query (" + std::to_string(t.y) + ", " + std::to_string(t.x) +
-                  ") split into their two terms; position encoding: " + position_text(m));
   std::string pos_title;
   if (global && m.bot.pos == PosEncoding::None) pos_title = "no position term (pos: none)";
   else if (global && m.bot.pos == PosEncoding::Absolute) pos_title = "position q.P[key] (absolute)";
@@ -196,6 +189,15 @@ void draw_terms_picture(const AttentionMaps& m, const QueryTerms& t, const std::
   else pos_title = "position q1.r_row[dy] + q2.r_col[dx]";
   if (global && m.bot.scale_pos_embed && m.bot.pos != PosEncoding::None) pos_title = "s * (" + pos_title + ")";
   const std::string headers[3] = {"content s q.k", pos_title, "logit = content + position"};
+  // room for the column headings above small grids
+  const int gap = std::max(56 + strip, text_width(pos_title, 0.45) - gs.width + 40);
+  const int left = 60, top = 130, header = 40;
+  const int row_h = header + gs.height + 26;
+  const int bar_x = left + 3 * gs.width + 2 * gap + 14;
+  const cv::Point q = query_cell(m, t), first = first_offset(m, t);
+  cv::Mat img = titled_canvas(top + static_cast<int>(heads.size()) * row_h, bar_x + 110, title,
+              m.layer + ": the logits of query (" + std::to_string(t.y) + ", " + std::to_string(t.x) +
+                  ") split into their two terms; position encoding: " + position_text(m));
   for (int c = 0; c < 3; ++c) draw_text(img, headers[c], {left + c * (gs.width + gap) - 20, top - 22}, 0.45, kInk, 1);
   std::string note = global ? "keys: the whole map; " : "keys: the window (hatched: outside the image); ";
   note += "dy, dx: key minus query; same colour scale across a row";
