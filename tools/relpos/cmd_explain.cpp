@@ -157,7 +157,7 @@ void run(const ExplainArgs& a) {
       if (maps[i].layer == name || file_stem(maps[i]) == name) found = i;
     RELPOS_USAGE_CHECK(found < maps.size(),
                        "--layer " << name << ": not an attention layer of this model (they are: " << layer_names(maps) << ")");
-    chosen.push_back(found);
+    if (std::find(chosen.begin(), chosen.end(), found) == chosen.end()) chosen.push_back(found);
   }
   const bool all = chosen.empty();
   if (all)
