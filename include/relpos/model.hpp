@@ -60,6 +60,9 @@ class Model {
   std::vector<Tensor> features(const cv::Mat& image) const;
   // The same for a batch in one pass: per stage, (N, C, h, w) for the N images.
   std::vector<Tensor> features(const std::vector<cv::Mat>& images) const;
+  // What every attention layer computed for the image (relpos/attention_maps.hpp), one view (no
+  // test-time mirror averaging), in network order; empty for a model without attention.
+  std::vector<AttentionMaps> attention(const cv::Mat& image) const;
   // Logits for a preprocessed batch (N, C, H, W); with the preprocessing's tta "hflip", the mean
   // of the batch's and its mirror image's.
   Tensor logits(const Tensor& batch) const;

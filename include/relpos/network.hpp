@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/attention_maps.hpp"
 #include "relpos/model_config.hpp"
 #include "relpos/tensor.hpp"
 
@@ -56,6 +57,9 @@ class Network {
   // The stem's last feature map before pooling, then each stage's output (like timm's
   // features_only), each (N, C, h, w) channels-last.
   std::vector<Tensor> infer_features(const Tensor& x) const;
+  // infer() that also returns what every attention layer computed, in network order
+  // (relpos/attention_maps.hpp); the logits go to *logits when given. Same path, same numbers.
+  std::vector<AttentionMaps> infer_attention(const Tensor& x, Tensor* logits = nullptr) const;
 
   // Training mode (batch statistics, running stats updated); forward saves what backward needs.
   Tensor forward(const Tensor& x);

@@ -1,5 +1,6 @@
 #include "layers/attention_layers.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "relpos/error.hpp"
@@ -33,6 +34,21 @@ Shape QkvAttention::pooled(Shape s) const {
 
 Tensor QkvAttention::infer(const Tensor& x) const {
   const Tensor att = attend(ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_), nullptr);
+  return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
+}
+
+Tensor QkvAttention::infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const {
+  const Tensor qkv = ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_);
+  Tensor probs;
+  const Tensor att = attend(qkv, &probs);
+  AttentionMaps m;
+  m.layer = prefix.substr(0, prefix.size() - 1);
+  m.height = static_cast<int>(qkv.dim(2));
+  m.width = static_cast<int>(qkv.dim(3));
+  m.qkv = qkv.to(Device::CPU).contiguous();
+  m.out = att.to(Device::CPU).contiguous();
+  describe(m, probs.to(Device::CPU).contiguous());
+  maps.push_back(std::move(m));
   return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
 }
 
@@ -89,6 +105,14 @@ Tensor BotAttention::attend(const Tensor& qkv, Tensor* probs) const {
   return ops::bot_attention(qkv, pos_h_, pos_w_, spec_, probs);
 }
 
+void BotAttention::describe(AttentionMaps& m, const Tensor& probs) const {
+  m.kind = AttentionKind::Global;
+  m.bot = spec_;
+  m.probs = probs;  // (B, heads, N, N) already
+  if (pos_h_.defined()) m.pos_h = pos_h_.to(Device::CPU).contiguous().clone();
+  if (pos_w_.defined()) m.pos_w = pos_w_.to(Device::CPU).contiguous().clone();
+}
+
 Tensor BotAttention::attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) {
   ops::BotAttnGrads g = ops::bot_attention_backward(qkv, pos_h_, pos_w_, spec_, probs, datt);
   dpos_h_ = g.dpos_h;
@@ -138,6 +162,23 @@ void SasaAttention::init_positions(Init& init) {
 
 Tensor SasaAttention::attend(const Tensor& qkv, Tensor* probs) const {
   return ops::sasa_attention(qkv, r_row_, r_col_, spec_, probs);
+}
+
+void SasaAttention::describe(AttentionMaps& m, const Tensor& probs) const {
+  m.kind = AttentionKind::Local;
+  m.sasa = spec_;
+  // the op's (B, H, W, heads, k*k) to (B, heads, N, k*k)
+  const std::int64_t b = probs.dim(0), n = probs.dim(1) * probs.dim(2), heads = spec_.heads, kk = probs.dim(4);
+  m.probs = Tensor({b, heads, n, kk});
+  const float* src = probs.data();
+  float* dst = m.probs.data();
+  for (std::int64_t i = 0; i < b; ++i)
+    for (std::int64_t p = 0; p < n; ++p)
+      for (std::int64_t h = 0; h < heads; ++h)
+        std::copy(src + ((i * n + p) * heads + h) * kk, src + ((i * n + p) * heads + h + 1) * kk,
+                  dst + ((i * heads + h) * n + p) * kk);
+  m.pos_h = r_row_.to(Device::CPU).contiguous().clone();
+  m.pos_w = r_col_.to(Device::CPU).contiguous().clone();
 }
 
 Tensor SasaAttention::attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) {

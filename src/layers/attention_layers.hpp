@@ -16,6 +16,8 @@ class QkvAttention : public Module {
  public:
   void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
   Tensor infer(const Tensor& x) const override;
+  // infer() recording the qkv projection, the probabilities and the op's output.
+  Tensor infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const override;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override { cache_.clear(); }
@@ -30,6 +32,8 @@ class QkvAttention : public Module {
   virtual Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) = 0;
   virtual void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) = 0;
   virtual void init_positions(Init& init) = 0;
+  // Fills the kind, spec and position tables of a record; probs is the op's as attend() gave it.
+  virtual void describe(AttentionMaps& m, const Tensor& probs) const = 0;
   Shape pooled(Shape s) const;
 
   int dim_, stride_;
@@ -51,6 +55,7 @@ class BotAttention : public QkvAttention {
   Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
   void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
   void init_positions(Init& init) override;
+  void describe(AttentionMaps& m, const Tensor& probs) const override;
 
  private:
   BotAttnSpec spec_;
@@ -67,6 +72,7 @@ class SasaAttention : public QkvAttention {
   Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
   void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
   void init_positions(Init& init) override;
+  void describe(AttentionMaps& m, const Tensor& probs) const override;
 
  private:
   SasaSpec spec_;

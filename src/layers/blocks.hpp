@@ -17,6 +17,7 @@ class ResidualBlock : public Module {
 
   void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
   Tensor infer(const Tensor& x) const override;
+  Tensor infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const override;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;
@@ -33,6 +34,8 @@ class ResidualBlock : public Module {
   std::unique_ptr<ConvNormAct> conv1_, conv3_;
 
  private:
+  // infer(), and with maps given also infer_attention() (the body's modules named prefix + name).
+  Tensor infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const;
   Tensor sum_;  // saved: the pre-activation sum, or for ReLU the output (same gradient mask)
 };
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/attention_maps.hpp"
 #include "relpos/network.hpp"
 #include "relpos/ops.hpp"
 #include "relpos/tensor.hpp"
@@ -23,6 +24,12 @@ class Module {
   virtual ~Module() = default;
   virtual void collect(const std::string& prefix, std::vector<ParamRef>& out) = 0;
   virtual Tensor infer(const Tensor& x) const = 0;
+  // infer() that also appends what each attention layer inside computed to `maps` (explain
+  // tools); `prefix` is the module's name with a trailing dot. Modules without attention infer.
+  virtual Tensor infer_attention(const Tensor& x, const std::string& /*prefix*/,
+                                 std::vector<AttentionMaps>& /*maps*/) const {
+    return infer(x);
+  }
   virtual Tensor forward(const Tensor& x) = 0;
   virtual Tensor backward(const Tensor& dy) = 0;
   // Random initial weights (timm's rules); layers without own weights to draw leave it empty.

@@ -34,10 +34,16 @@ void ResidualBlock::init(Init& init, bool zero_init_last) {
   conv3_->init(init, zero_init_last);
 }
 
-Tensor ResidualBlock::infer(const Tensor& x) const {
+Tensor ResidualBlock::infer(const Tensor& x) const { return infer_recording(x, nullptr, nullptr); }
+
+Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const {
+  return infer_recording(x, &prefix, &maps);
+}
+
+Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const {
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
-  for (auto& [name, m] : body()) h = m->infer(h);
+  for (auto& [name, m] : body()) h = maps ? m->infer_attention(h, *prefix + name + ".", *maps) : m->infer(h);
   return conv3_->infer(h, &sc, act_);
 }
 

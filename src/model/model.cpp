@@ -108,6 +108,11 @@ std::vector<Tensor> Model::features(const std::vector<cv::Mat>& images) const {
 
 std::vector<Tensor> Model::features(const cv::Mat& image) const { return features(std::vector<cv::Mat>{image}); }
 
+std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
+  detail::apply_thread_setting();
+  return network_.infer_attention(make_batch({image}, preprocess_).to(network_.device()));
+}
+
 Model Model::load(const std::string& path, const LoadOptions& options) {
   detail::ModelFile fc = detail::read_weights_file(path, options.config);
   Network net(fc.config, 0, /*initialize=*/false);

@@ -175,6 +175,22 @@ std::vector<Tensor> Network::infer_features(const Tensor& x) const {
   return feats;
 }
 
+std::vector<AttentionMaps> Network::infer_attention(const Tensor& x, Tensor* logits) const {
+  const Impl& m = *impl_;
+  m.check_input(x);
+  std::vector<AttentionMaps> maps;
+  Tensor h = m.stem->infer(x);
+  for (std::size_t i = 0; i < m.stages.size(); ++i)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j)
+      h = m.stages[i][j]->infer_attention(h, "stages." + std::to_string(i) + "." + std::to_string(j) + ".", maps);
+  for (AttentionMaps& a : maps) {
+    a.input_scale_y = static_cast<double>(x.dim(2)) / a.height;
+    a.input_scale_x = static_cast<double>(x.dim(3)) / a.width;
+  }
+  if (logits) *logits = m.head->infer(h);
+  return maps;
+}
+
 Tensor Network::forward(const Tensor& x) {
   Impl& m = *impl_;
   m.check_input(x, /*need_prepared=*/false);

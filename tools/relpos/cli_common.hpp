@@ -96,5 +96,6 @@ void register_convert(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
+void register_explain(CLI::App& app);
 
 }  // namespace relpos::cli
