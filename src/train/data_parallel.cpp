@@ -47,6 +47,7 @@ std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) {
 }  // namespace
 
 DataParallel::DataParallel() : group_(ProcessGroup::world()), uncaught_(std::uncaught_exceptions()) {
+  train_processes();  // joins MPI and picks the GPU, if the application has not asked yet
   RELPOS_CHECK(group_.size() == 1 || ProcessGroup::built_with_mpi(),
                "mpirun started " << group_.size() << " processes, but this relpos was built without MPI and cannot "
                "train data-parallel; rebuild it with MPI (Debian: libopenmpi-dev; see docs/distributed.md), or run "

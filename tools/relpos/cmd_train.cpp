@@ -28,11 +28,12 @@ extern "C" void on_signal(int) {
 }
 
 // ", 2 processes (global batch 2 x 64), sync-BN, MPI" for a data-parallel run, else "".
-std::string processes_text(const TrainProcesses& p, const TrainOptions& o, Device device) {
+// (A resumed run takes its batch and sync-BN from the checkpoint: neither is shown then.)
+std::string processes_text(const TrainProcesses& p, const TrainOptions& o, Device device, bool resumed) {
   if (p.size == 1 && !p.launched) return "";
   std::string s = ", " + std::to_string(p.size) + (p.size == 1 ? " process" : " processes");
-  if (p.size > 1) s += " (global batch " + std::to_string(p.size) + " x " + std::to_string(o.batch) + ")";
-  if (o.sync_bn) s += ", sync-BN";
+  if (p.size > 1 && !resumed) s += " (global batch " + std::to_string(p.size) + " x " + std::to_string(o.batch) + ")";
+  if (o.sync_bn && !resumed) s += ", sync-BN";
   return s + (p.nccl && device == Device::CUDA ? " (NCCL)" : " (MPI)");
 }
 
@@ -65,9 +66,9 @@ void run(TrainArgs a) {
               << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch
               << (procs.size > 1 ? " per process" : "") << ", " << to_string(a.opt.optimizer.kind) << " lr "
               << shortest(a.opt.lr) << ", " << threads_in_use() << " threads, " << to_string(device)
-              << processes_text(procs, a.opt, device) << "; writing " << a.opt.out << "/\n";
+              << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
   else if (rank0)
-    std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device) << "\n";
+    std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const TrainResult r = train(model, a.opt, a.resume, &g_stop, a.epochs_given ? a.opt.epochs : 0);
