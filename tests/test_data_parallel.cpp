@@ -38,7 +38,8 @@ std::string mpirun(int n, const std::string& transport) {
          transport + " ";
 }
 const std::string kTcp = "--mca btl tcp,self --mca btl_tcp_if_include lo";
-const std::string kSharedMemory = "--mca btl vader,self";
+// (no single-copy CMA: containers without ptrace rights reject it)
+const std::string kSharedMemory = "--mca btl vader,self --mca btl_vader_single_copy_mechanism none";
 
 std::string train_args(const TempDir& d, int batch, const std::string& out) {
   return std::string(RELPOS_CLI_PATH) + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path +
