@@ -7,6 +7,7 @@
 
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
+#include "relpos/runtime.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -252,5 +253,109 @@ TEST_CASE("SASA local attention matches the reference for several windows, forwa
     check_vec(gr.dqkv, numeric_grad([&](const Vec& x) { return ref_sasa(x, rr, rc, sp, B, H, W); }, qkv, g), 1e-4, "d qkv");
     check_vec(gr.dr_row, numeric_grad([&](const Vec& x) { return ref_sasa(qkv, x, rc, sp, B, H, W); }, rr, g), 1e-4, "d r_row");
     check_vec(gr.dr_col, numeric_grad([&](const Vec& x) { return ref_sasa(qkv, rr, x, sp, B, H, W); }, rc, g), 1e-4, "d r_col");
+  }
+}
+
+TEST_CASE("SASA local attention: rows past 8 pixels, channel counts off the vector width, windows wider than the map") {
+  // The CPU kernels run 8 query pixels and up to 8 channels at a time: these shapes have partial
+  // vectors, partial channel chunks and windows larger than the map. Gradients are checked along
+  // random directions (the full central differences would take minutes at these sizes).
+  struct Geo {
+    int B, H, W, heads, dqk, dv, k;
+  };
+  for (const Geo& s : {Geo{1, 5, 11, 3, 10, 9, 7}, Geo{2, 3, 17, 1, 2, 1, 5}, Geo{1, 9, 8, 2, 16, 8, 9},
+                       Geo{1, 2, 2, 2, 6, 5, 7}}) {
+    CAPTURE(s.H);
+    CAPTURE(s.W);
+    CAPTURE(s.k);
+    SasaSpec sp;
+    sp.heads = s.heads, sp.dqk = s.dqk, sp.dv = s.dv, sp.kernel = s.k;
+    std::mt19937 rng(static_cast<std::uint32_t>(100 + s.W));
+    const Shape qs{s.B, sp.channels_qkv(), s.H, s.W}, os{s.B, sp.channels_out(), s.H, s.W}, es{s.k, s.dqk / 2};
+    const Vec qkv = random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0);
+    const Vec rr = random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5);
+    const Vec rc = random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5);
+    const Vec g = random_vec(static_cast<std::size_t>(numel_of(os)), rng, 1.0);
+    const Tensor tq = to_t(qs, qkv).channels_last(), trr = to_t(es, rr), trc = to_t(es, rc);
+    Tensor probs;
+    const Tensor out = ops::sasa_attention(tq, trr, trc, sp, &probs);
+    check_vec(out.contiguous(), ref_sasa(qkv, rr, rc, sp, s.B, s.H, s.W), 1e-5, "forward");
+    // Every query's probabilities sum to 1, and entries outside the map are exactly 0.
+    const auto p = probs.to_vector();
+    const int kk = s.k * s.k, r = s.k / 2;
+    double worst = 0.0;
+    int outside_nonzero = 0;
+    for (int b = 0; b < s.B; ++b)
+      for (int y = 0; y < s.H; ++y)
+        for (int x = 0; x < s.W; ++x)
+          for (int h = 0; h < s.heads; ++h) {
+            const float* row = p.data() + (((static_cast<std::size_t>(b) * s.H + y) * s.W + x) * s.heads + h) * kk;
+            double sum = 0.0;
+            for (int o = 0; o < kk; ++o) {
+              sum += row[o];
+              const int ky = y + o / s.k - r, kx = x + o % s.k - r;
+              if ((ky < 0 || ky >= s.H || kx < 0 || kx >= s.W) && row[o] != 0.0f) ++outside_nonzero;
+            }
+            worst = std::max(worst, std::fabs(sum - 1.0));
+          }
+    CHECK(worst < 1e-5);
+    CHECK(outside_nonzero == 0);
+    const auto gr = ops::sasa_attention_backward(tq, trr, trc, sp, probs, to_t(os, g).channels_last());
+    const auto along = [&](const std::function<Vec(const Vec&)>& f, const Vec& x0, const Tensor& grad, const char* what) {
+      const auto gv = grad.contiguous().to_vector();
+      for (int t = 0; t < 2; ++t) {
+        const Vec dir = random_vec(x0.size(), rng, 1.0);
+        const double eps = 1e-4;
+        Vec up = x0, down = x0;
+        for (std::size_t i = 0; i < x0.size(); ++i) up[i] += eps * dir[i], down[i] -= eps * dir[i];
+        const double numeric = (dot(f(up), g) - dot(f(down), g)) / (2 * eps);
+        double analytic = 0.0, scale = 0.0;
+        for (std::size_t i = 0; i < x0.size(); ++i) {
+          analytic += gv[i] * dir[i];
+          scale += std::fabs(gv[i] * dir[i]);
+        }
+        INFO(what << ": analytic " << analytic << ", numeric " << numeric);
+        CHECK(std::fabs(analytic - numeric) <= 1e-4 * std::max(1.0, scale));
+      }
+    };
+    along([&](const Vec& x) { return ref_sasa(x, rr, rc, sp, s.B, s.H, s.W); }, qkv, gr.dqkv, "d qkv");
+    along([&](const Vec& x) { return ref_sasa(qkv, x, rc, sp, s.B, s.H, s.W); }, rr, gr.dr_row, "d r_row");
+    along([&](const Vec& x) { return ref_sasa(qkv, rr, x, sp, s.B, s.H, s.W); }, rc, gr.dr_col, "d r_col");
+  }
+}
+
+TEST_CASE("SASA local attention gives the same bits whatever the thread count and the call before") {
+  // The CPU kernels keep padded planes between calls; a call with another shape in between, or
+  // another thread count, must change nothing.
+  SasaSpec sp;
+  sp.heads = 4, sp.dqk = 8, sp.dv = 8, sp.kernel = 7;
+  const auto make = [&](int B, int H, int W, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    const Shape qs{B, sp.channels_qkv(), H, W};
+    return to_t(qs, random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0)).channels_last();
+  };
+  std::mt19937 rng(7);
+  const Tensor rr = to_t({7, 4}, random_vec(28, rng, 0.5)), rc = to_t({7, 4}, random_vec(28, rng, 0.5));
+  const Tensor a = make(3, 12, 13, 1), b = make(2, 6, 21, 2);
+  const Shape os{3, sp.channels_out(), 12, 13};
+  const Tensor da = to_t(os, random_vec(static_cast<std::size_t>(numel_of(os)), rng, 1.0)).channels_last();
+  const auto run = [&](const Tensor& x, const Tensor& d) {
+    Tensor probs;
+    const Tensor out = ops::sasa_attention(x, rr, rc, sp, &probs);
+    const auto gr = ops::sasa_attention_backward(x, rr, rc, sp, probs, d);
+    return std::vector<std::vector<float>>{out.contiguous().to_vector(), gr.dqkv.contiguous().to_vector(),
+                                           gr.dr_row.to_vector(), gr.dr_col.to_vector()};
+  };
+  const int before = relpos::num_threads();
+  relpos::set_num_threads(1);
+  const auto one = run(a, da);
+  relpos::set_num_threads(2);
+  Tensor pb;
+  (void)ops::sasa_attention(b, rr, rc, sp, &pb);  // another layout of the kept planes
+  const auto two = run(a, da);
+  relpos::set_num_threads(before);
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(one[i] == two[i]);
   }
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <set>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -142,6 +143,33 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   r = run("bench --iters 1");
   CHECK(r.status == 1);
   CHECK(r.out.find("--model is required") != std::string::npos);
+}
+
+TEST_CASE("bench --profile charges every op to the layer it ran in") {
+  Run r = run("bench -m " + tiny() + " --batch 2 --iters 3 --warmup 1 --json --profile", true);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  // Two JSON lines: the timing, then the profile.
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"profile\"")));
+  CHECK(j["runs"] == 3);
+  std::set<std::string> layers;
+  double sum = 0.0;
+  for (const auto& row : j["profile"]) {
+    layers.insert(row["layer"].get<std::string>());
+    CHECK(row["ms_per_run"].get<double>() >= 0.0);
+    CHECK(row["calls"].get<long>() % 3 == 0);  // the same ops in every run, warm-up left out
+    sum += row["ms_per_run"].get<double>();
+  }
+  CHECK(layers.count("stem") == 1);
+  CHECK(layers.count("stages.0.0") == 1);
+  CHECK(layers.count("head") == 1);
+  CHECK(layers.count("") == 0);  // nothing outside a layer in inference
+  CHECK(sum > 0.0);
+  r = run("bench -m " + tiny() + " --batch 2 --iters 1 --warmup 0 --profile");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("= layer") != std::string::npos);
+  CHECK(r.out.find("GMAC/s") != std::string::npos);
 }
 
 TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once, and bad parts are usage errors") {

@@ -148,6 +148,14 @@ TEST_CASE("threads: by default relpos leaves a core to each running thread of an
   CHECK(last_json(fixed.out)["threads"].get<int>() == cores);  // RELPOS_ADAPTIVE_THREADS=0: OpenMP's default
 }
 
+TEST_CASE("threads: OMP_NUM_THREADS in the environment is the default") {
+  // It used to fix the default at every core, whatever the variable said.
+  const auto run = test::run_cli("bench -m " + test::source_dir() + "/models/botnet-fmnist.json --iters 1 --warmup 0 --json",
+                                 true, "OMP_NUM_THREADS=1");
+  REQUIRE(run.status == 0);
+  CHECK(nlohmann::json::parse(run.out.substr(run.out.rfind('{')))["threads"].get<int>() == 1);
+}
+
 TEST_CASE("threads: the setting and what a call uses") {
   const int before = num_threads();
   set_num_threads(1);

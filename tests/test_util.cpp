@@ -125,6 +125,7 @@ TempDir::~TempDir() {
 
 #include <opencv2/core.hpp>
 
+#include "relpos/data.hpp"
 #include "relpos/error.hpp"
 #ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
@@ -164,5 +165,40 @@ void make_pattern_dataset(const std::string& root, int per_class_train, int per_
 }
 
 std::string tiny_rgb_config() { return source_dir() + "/tests/data/tiny_rgb_config.json"; }
+
+}  // namespace relpos::test
+
+namespace relpos::test {
+
+bool make_fashion_mnist_folder(const std::string& root, const std::vector<int>& classes, int per_class_train,
+                               int per_class_test, const std::vector<std::string>& folder_names) {
+  const std::string dir = kFashionMnistDir;
+  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) return false;
+  for (const char* split : {"train", "test"}) {
+    const bool train = std::string(split) == "train";
+    auto data = open_dataset("fashion-mnist", split);
+    for (std::size_t k = 0; k < classes.size(); ++k) {
+      const int c = classes[k];
+      const std::string name = folder_names.empty() ? label_folder_name(data->classes().at(static_cast<std::size_t>(c)))
+                                                    : folder_names.at(k);
+      const auto folder = std::filesystem::path(root) / split / name;
+      std::filesystem::create_directories(folder);
+      int written = 0;
+      // the first images of the class in the file's order
+      for (std::size_t i = 0; i < data->size() && written < (train ? per_class_train : per_class_test); ++i) {
+        if (data->label(i) != c) continue;
+        char file[32];
+        std::snprintf(file, sizeof(file), "%05zu.png", i);
+#ifndef RELPOS_NO_IMAGE_CODECS
+        cv::imwrite((folder / file).string(), data->image(i));
+#else
+        RELPOS_FAIL("tests need image files: build with RELPOS_IMAGE_CODECS=ON");
+#endif
+        ++written;
+      }
+    }
+  }
+  return true;
+}
 
 }  // namespace relpos::test

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
@@ -62,4 +63,9 @@ namespace relpos::test {
 // easy to tell apart (a bright row, a bright column, or scattered dots, plus noise).
 void make_pattern_dataset(const std::string& root, int per_class_train, int per_class_test, unsigned seed = 1);
 std::string tiny_rgb_config();  // tests/data/tiny_rgb_config.json
+// Fashion-MNIST classes (by index) as a folder dataset: root/{train,test}/<folder>/NNNNN.png, the
+// first images of each class in the files' order; folders named as the labels (label_folder_name)
+// or by `folder_names`. False (nothing written) when the dataset is not installed.
+bool make_fashion_mnist_folder(const std::string& root, const std::vector<int>& classes, int per_class_train,
+                               int per_class_test, const std::vector<std::string>& folder_names = {});
 }  // namespace relpos::test

@@ -67,7 +67,8 @@ class ImageFolderDataset : public Dataset {
 inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 const std::vector<std::string>& fashion_mnist_classes();
 // "fashion-mnist" (Debian's dataset-fashion-mnist package) or a folder of class folders. For a
-// folder, split "train"/"test" uses root/train and root/test when they exist, else root itself.
+// folder, split "train"/"test" uses root/train and root/test when they exist, else root itself;
+// split "val" uses root/val (an error when there is none).
 // With `labels` (a model's), classes are matched by name (see ImageFolderDataset).
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
                                       const std::vector<std::string>& labels = {});

@@ -81,6 +81,10 @@ class Model {
   Preprocess preprocess_;
 };
 
+// Whether Model::open(path_or_name) would load trained weights (a weights file or a training
+// checkpoint) rather than create random ones (a config file or shipped config name).
+bool holds_weights(const std::string& path_or_name);
+
 // The default preprocessing for a config (ImageNet statistics, or 0.5/0.5 for one channel).
 Preprocess default_preprocess(const ModelConfig& config);
 // Reads class labels, one per line (blank lines ignored).

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace relpos {
 
@@ -31,5 +32,19 @@ bool allow_tf32();
 // drop them. The handler may be called from relpos's worker threads. Training progress is not a
 // message: it goes to TrainOptions::on_event.
 void set_log_handler(std::function<void(const std::string&)> handler);
+
+// Per-layer timing (`relpos bench --profile`). While profiling is on, every op a network runs is
+// timed (waiting for the GPU before and after, so the run is slower) and charged to the layer it
+// ran in: "stem", "stages.I.J" (a block) or "head", or "" outside a network. Ops inside ops are
+// part of their caller's time. Process-wide; the rows add up until reset_profile().
+struct ProfileRow {
+  std::string layer;  // "stages.1.0"
+  std::string op;     // "conv2d (cpu)"
+  long calls = 0;
+  double ms = 0.0;    // total wall time
+};
+void set_profiling(bool on);
+std::vector<ProfileRow> profile_rows();  // in the order the layers first ran, ops by time within each
+void reset_profile();
 
 }  // namespace relpos

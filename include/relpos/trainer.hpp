@@ -1,9 +1,14 @@
 // relpos: training and evaluation loops. train() writes to an output folder:
-//   checkpoint.safetensors  model, optimizer state and progress, written atomically each epoch
-//                           (and on Ctrl-C); train(resume=...) continues exactly where it stopped
-//   log.csv                 one row per epoch: lr, train loss/accuracy, test loss/accuracy, time
+//   checkpoint.safetensors  model, optimizer state, EMA and progress (the last epoch), written
+//                           atomically each epoch (and on Ctrl-C); train(resume=...) continues
+//                           exactly where it stopped
+//   best.safetensors        with validation: the checkpoint of the epoch with the best validation
+//                           accuracy (a model file too: eval/classify take it)
+//   log.csv                 one row per epoch: lr, train/val/test loss and accuracy, time
 //   curves.png              learning curves
-//   model.json              the trained weights with labels and preprocessing (relpos weights JSON)
+//   model.json              the trained weights with labels and preprocessing (relpos weights JSON):
+//                           the best epoch's by validation when there is validation, else the last
+//                           epoch's; the EMA weights when EMA is on
 // Started by mpirun (relpos built with MPI), train() runs data-parallel over the processes: each
 // trains on its shard of every global batch of processes x batch images, gradients are averaged,
 // and rank 0 writes the files above (docs/distributed.md).
@@ -24,6 +29,7 @@ struct EpochLog {
   int epoch = 0;
   float lr = 0.0f;
   double train_loss = 0.0, train_acc = 0.0;
+  double val_loss = -1.0, val_acc = -1.0;    // -1: not evaluated (no validation data)
   double test_loss = -1.0, test_acc = -1.0;  // -1: not evaluated
   double seconds = 0.0, img_per_s = 0.0;
 };
@@ -41,6 +47,8 @@ struct TrainEvent {
   double eta_epoch = 0.0, eta_run = 0.0;  // Step: seconds left in the epoch and in the run
   EpochLog log;                        // EpochEnd: the finished epoch
   std::string message;                 // Message: a warning (an image skipped, a picture not drawn)
+                                       // or a note (a classifier replaced, an extended schedule)
+  bool warning = true;                 // Message: false for a note
 };
 
 struct TrainOptions {
@@ -56,7 +64,24 @@ struct TrainOptions {
   std::uint64_t seed = 0;
   int workers = 1;        // data loader threads
   int eval_batch = 500;
+  // With validation data (val_split > 0, or a val/ folder in a folder dataset), every epoch is
+  // scored on it, the best epoch by validation accuracy is kept (best.safetensors, model.json) and
+  // the test set is scored once, at the end, on that model. Without: the test set every epoch.
   bool eval_each_epoch = true;
+  float val_split = 0.0f;   // this fraction of each class of the training set is held out (seeded)
+  float ema_decay = 0.0f;   // > 0: an exponential moving average of the weights and batch-norm
+                            // statistics (timm's ModelEmaV2) is what is evaluated and saved
+  float clip_grad = 0.0f;   // > 0: gradients scaled so their global L2 norm is at most this
+  // Fine-tuning: the weights the run started from ("": a config's random weights) and the
+  // architecture given for them (a timm checkpoint). Recorded for the record; the model passed to
+  // train() is what starts (see fit_to_data).
+  std::string init, init_config;
+  // train(resume=..., resume_epochs=N) with N different from the run's epochs continues the
+  // learning rate from where it stands: "cosine" (a new cosine from the current learning rate, or
+  // extend_lr when > 0, down to min_lr at the new end) or "constant" (that rate held). Taken from
+  // the call's options, like save.
+  std::string extend = "cosine";
+  float extend_lr = 0.0f;
   std::string out = "runs/train";
   std::string save;       // also write the trained model (weights JSON) here at the end ("": no)
   // Called on the training thread after every step, at each epoch's end and with warnings; empty:
@@ -85,6 +110,11 @@ struct TrainResult {
   double step_seconds = 0.0;  // time inside training steps (data waits included, evaluation excluded)
   int checkpoints = 0;        // checkpoints written by this run
   std::string saved;          // where TrainOptions::save wrote the model ("" if not)
+  int best_epoch = 0;         // with validation: the epoch model.json holds (1-based; 0: none)
+  double best_val_acc = -1.0;
+  std::string best;           // with validation: best.safetensors
+  // With validation: the test set scored once at the end on model.json's weights (-1: not scored).
+  double test_loss = -1.0, test_acc = -1.0;
 };
 
 // Trains model in place. If resume names a checkpoint, the model, options and progress come from
@@ -106,8 +136,18 @@ struct TrainProcesses {
 };
 TrainProcesses train_processes();
 
-// The model a checkpoint holds (config, weights, labels, preprocessing).
+// The model a checkpoint holds (config, weights, labels, preprocessing): the EMA weights when the
+// run kept an EMA (what it evaluated), else the trained weights.
 Model load_checkpoint_model(const std::string& checkpoint);
+
+// Makes a model fit a dataset's classes before training (train() calls it for a new run; the
+// classes are `data.classes()` of a dataset opened without labels). A model whose labels name the
+// data's class folders keeps its classifier and label order; a model without labels and with as
+// many outputs as the data has classes keeps its classifier and takes the data's labels; any other
+// model gets the data's labels and a new classifier (drawn with `seed`; every other tensor kept;
+// when each of the data's classes is one of the model's labels, the classifier keeps those rows).
+// Returns a sentence saying what changed ("" if nothing).
+std::string fit_to_data(Model& model, const std::vector<std::string>& data_classes, std::uint32_t seed = 0);
 
 struct EvalResult {
   std::size_t count = 0;

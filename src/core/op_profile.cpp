@@ -1,16 +1,21 @@
 #include "core/op_profile.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
-#include <algorithm>
 
 #include "core/device_memory.hpp"
+#include "core/runtime_internal.hpp"
+#include "relpos/runtime.hpp"
 
-namespace relpos::detail {
+namespace relpos {
+namespace detail {
 
 namespace {
 
@@ -19,40 +24,99 @@ struct Totals {
   double ms = 0.0;
 };
 
+std::atomic<bool> g_layer_profiling{false};
+thread_local const std::string* t_layer = nullptr;
+thread_local int t_depth = 0;
+
 class Profile {
  public:
-  static Profile* get() {
-    static Profile* p = std::getenv("RELPOS_PROFILE") && std::getenv("RELPOS_PROFILE")[0] != '0' ? new Profile() : nullptr;
-    return p;
+  static Profile& get() {
+    static Profile* p = new Profile();  // never destroyed: ops may run during exit
+    return *p;
   }
-  void add(const char* op, bool cuda, double ms) {
+  static bool env() {
+    static const bool on = std::getenv("RELPOS_PROFILE") && std::getenv("RELPOS_PROFILE")[0] != '0';
+    return on;
+  }
+  void add(const char* op, bool cuda, double ms, const std::string* layer, bool outermost) {
+    const std::string name = std::string(op) + (cuda ? " (cuda)" : " (cpu)");
     std::lock_guard<std::mutex> lock(mutex_);
-    Totals& t = totals_[std::string(op) + (cuda ? " (cuda)" : " (cpu)")];
-    ++t.calls;
-    t.ms += ms;
+    if (env()) {
+      Totals& t = by_op_[name];
+      ++t.calls;
+      t.ms += ms;
+    }
+    if (g_layer_profiling && outermost) {
+      const std::string l = layer ? *layer : std::string();
+      auto it = layer_order_.find(l);
+      if (it == layer_order_.end()) it = layer_order_.emplace(l, layer_order_.size()).first;
+      Totals& t = by_layer_[{it->second, name}];
+      ++t.calls;
+      t.ms += ms;
+    }
   }
-  ~Profile() = default;
+  std::vector<ProfileRow> rows() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> names(layer_order_.size());
+    for (const auto& [l, i] : layer_order_) names[i] = l;
+    std::vector<ProfileRow> out;
+    for (const auto& [key, t] : by_layer_) out.push_back({names[key.first], key.second, t.calls, t.ms});
+    std::stable_sort(out.begin(), out.end(), [&](const ProfileRow& a, const ProfileRow& b) {
+      const std::size_t ia = layer_order_.at(a.layer), ib = layer_order_.at(b.layer);
+      return ia != ib ? ia < ib : a.ms > b.ms;
+    });
+    return out;
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_layer_.clear();
+    layer_order_.clear();
+  }
 
  private:
-  Profile() { std::atexit([] { get()->print(); }); }
+  Profile() {
+    if (env()) std::atexit([] { get().print(); });
+  }
   void print() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<std::string, Totals>> rows(totals_.begin(), totals_.end());
+    std::vector<std::pair<std::string, Totals>> rows(by_op_.begin(), by_op_.end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    std::fprintf(stderr, "relpos profile (RELPOS_PROFILE): op, calls, total ms, mean ms\n");
-    for (const auto& [name, t] : rows)
-      std::fprintf(stderr, "  %-36s %8ld %10.2f %9.4f\n", name.c_str(), t.calls, t.ms, t.ms / static_cast<double>(t.calls));
+    std::ostringstream out;
+    out << "profile (RELPOS_PROFILE): op, calls, total ms, mean ms";
+    for (const auto& [name, t] : rows) {
+      char line[160];
+      std::snprintf(line, sizeof line, "\n  %-36s %8ld %10.2f %9.4f", name.c_str(), t.calls, t.ms,
+                    t.ms / static_cast<double>(t.calls));
+      out << line;
+    }
+    log(out.str());
   }
   std::mutex mutex_;
-  std::map<std::string, Totals> totals_;
+  std::map<std::string, Totals> by_op_;
+  std::map<std::string, std::size_t> layer_order_;
+  std::map<std::pair<std::size_t, std::string>, Totals> by_layer_;
 };
+
+bool timing() { return g_layer_profiling.load(std::memory_order_relaxed) || Profile::env(); }
 
 }  // namespace
 
+ScopedLayer::ScopedLayer(const std::string& name) {
+  if (!g_layer_profiling.load(std::memory_order_relaxed)) return;
+  on_ = true;
+  outer_ = t_layer;
+  t_layer = &name;
+}
+
+ScopedLayer::~ScopedLayer() {
+  if (on_) t_layer = outer_;
+}
+
 OpTimer::OpTimer(const char* op, bool cuda) {
-  if (!Profile::get()) return;
+  if (!timing()) return;
   op_ = op;
   cuda_ = cuda;
+  outermost_ = t_depth++ == 0;
   if (cuda_) cuda_synchronize();
   start_ = std::chrono::steady_clock::now();
 }
@@ -60,8 +124,20 @@ OpTimer::OpTimer(const char* op, bool cuda) {
 OpTimer::~OpTimer() {
   if (!op_) return;
   if (cuda_) cuda_synchronize();
-  Profile::get()->add(op_, cuda_,
-                      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count());
+  --t_depth;
+  Profile::get().add(op_, cuda_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(),
+                     t_layer, outermost_);
 }
 
-}  // namespace relpos::detail
+}  // namespace detail
+
+void set_profiling(bool on) {
+  if (on) detail::Profile::get();
+  detail::g_layer_profiling = on;
+}
+
+std::vector<ProfileRow> profile_rows() { return detail::Profile::get().rows(); }
+
+void reset_profile() { detail::Profile::get().reset(); }
+
+}  // namespace relpos

@@ -77,10 +77,14 @@ int others_running() {
   return std::max(0, running - own);
 }
 
+// What OpenMP itself would use (OMP_NUM_THREADS, else every core), read when the library loads,
+// before relpos changes it.
+const int g_openmp_default = omp_get_max_threads();
+
 // The adaptive default (no set_num_threads, no OMP_NUM_THREADS): the cores OpenMP would use, less
 // one for each other process's thread that is running, at least 1; re-read every 200 ms.
 int adaptive_threads() {
-  static const int all = omp_get_num_procs();  // OpenMP's default without OMP_NUM_THREADS
+  static const int all = g_openmp_default;
   static const bool enabled = [] {
     const char* off = std::getenv("RELPOS_ADAPTIVE_THREADS");
     // /proc/loadavg counts the runnable threads of every CPU: it says how busy our cores are only

@@ -1,43 +1,146 @@
 // Stand-alone local self-attention (SASA) on the CPU (docs/attention.md, "SASA local attention").
 //
 // Each pixel's query attends over the k x k window centred on it; keys outside the image are
-// left out of the softmax. With channels-last qkv, a pixel's q, k and v are contiguous, so the
-// window dot products run over contiguous channels. The position term of a window entry at
-// offset (dy, dx) is q[:d/2].r_row[dy] + q[d/2:].r_col[dx]: 2k small dot products per query.
-// Probabilities are stored (B, H, W, heads, k*k), zero where masked.
+// left out of the softmax. The position term of a window entry at offset (dy, dx) is
+// q[:d/2].r_row[dy] + q[d/2:].r_col[dx]. Probabilities are stored (B, H, W, heads, k*k), zero where
+// masked.
+//
+// The work is done in planar form (sasa_planes.hpp): a chunk of images is spread from channels-
+// last into zero-padded channel planes, the vectorised kernels run over (image, head, row) in the
+// forward and (image, head) in the backward, and the backward's planes are gathered back into
+// channels-last. Every value is computed in one fixed order, whatever the thread count.
 #include <algorithm>
-#include <cmath>
-#include <limits>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <omp.h>
 #include <vector>
 
 #include "core/attention_geometry.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
+#include "cpu/sasa_planes.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
 
+namespace sasa {
+
+std::int64_t scratch_floats(const Planes& p) {
+  const std::int64_t kk = static_cast<std::int64_t>(p.k) * p.k;
+  return kLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half) + 16;
+}
+
+const Kernels& kernels() {
+  static const Kernels& chosen = [] () -> const Kernels& {
+    // RELPOS_SIMD=generic: the portable kernels even on an AVX2 CPU (the tests run both).
+    const char* force = std::getenv("RELPOS_SIMD");
+    if (force && std::strcmp(force, "generic") == 0) return generic::kKernels;
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::kKernels;
+#endif
+    return generic::kKernels;
+  }();
+  return chosen;
+}
+
+}  // namespace sasa
+
 namespace {
 
-inline float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
+sasa::Planes planes_of(const SasaGeometry& g, const Tensor& r_row, const Tensor& r_col) {
+  sasa::Planes p;
+  p.H = static_cast<int>(g.H);
+  p.W = static_cast<int>(g.W);
+  p.k = g.k;
+  p.r = g.r;
+  p.Wv = (p.W + sasa::kLanes - 1) / sasa::kLanes * sasa::kLanes;
+  p.Hp = p.H + 2 * p.r;
+  p.Wp = p.Wv + 2 * p.r;
+  p.heads = g.heads;
+  p.dqk = g.dqk;
+  p.dv = g.dv;
+  p.half = g.half;
+  p.s = g.s;
+  p.r_row = r_row.data();
+  p.r_col = r_col.data();
+  return p;
 }
 
-inline void axpy(float a, const float* x, float* y, int n) {
-#pragma omp simd
-  for (int c = 0; c < n; ++c) y[c] += a * x[c];
+// Images [b0, b0 + n) of a channels-last (B, C, H, W) tensor as zero-padded planes: plane c of
+// image i at planes + (i * C + c) * plane.
+// With pads_clean (the buffer held the same layout before), the zero padding is left as it is.
+void spread_to_planes(const sasa::Kernels& kern, const Tensor& src, std::int64_t b0, std::int64_t n,
+                      const sasa::Planes& p, float* planes, bool pads_clean) {
+  const std::int64_t C = src.shape()[1], P = p.plane(), image = static_cast<std::int64_t>(p.H) * p.W * C;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int py = 0; py < p.Hp; ++py)
+      kern.spread_row(p, src.data() + (b0 + i) * image, C, planes + i * C * P, py, !pads_clean);
 }
 
-struct Window {
-  int y0, y1, x0, x1;  // inclusive image bounds of the window around (y, x)
-};
-inline Window window_of(const SasaGeometry& g, std::int64_t y, std::int64_t x) {
-  return {static_cast<int>(std::max<std::int64_t>(0, y - g.r)), static_cast<int>(std::min<std::int64_t>(g.H - 1, y + g.r)),
-          static_cast<int>(std::max<std::int64_t>(0, x - g.r)), static_cast<int>(std::min<std::int64_t>(g.W - 1, x + g.r))};
+// The inverse for the map's interior: planes back into images [b0, b0 + n) of channels-last dst.
+void gather_from_planes(const sasa::Kernels& kern, const float* planes, const sasa::Planes& p, std::int64_t b0,
+                        std::int64_t n, Tensor& dst) {
+  const std::int64_t C = dst.shape()[1], P = p.plane(), image = static_cast<std::int64_t>(p.H) * p.W * C;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int y = 0; y < p.H; ++y) kern.gather_row(p, planes + i * C * P, C, dst.data() + (b0 + i) * image, y);
+}
+
+// Grow-only buffers of the calling thread: allocating (and zeroing) them on every call cost more
+// than filling them.
+float* thread_buffer(int slot, std::int64_t floats) {
+  struct Buffer {
+    std::unique_ptr<float[]> data;
+    std::int64_t size = 0;
+  };
+  thread_local Buffer buffers[2];  // scratch, backward's gradient planes
+  Buffer& b = buffers[slot];
+  if (b.size < floats) {
+    b.data.reset(new float[static_cast<std::size_t>(floats)]);
+    b.size = floats;
+  }
+  return b.data.get();
+}
+
+// Plane buffers of the calling thread, one per plane layout (a network's SASA layers have a few):
+// the padding spread_to_planes zeroed is still zero when the same layout comes back, so only the
+// map's interior is written again. `clean` says so.
+using PlaneLayout = std::array<std::int64_t, 7>;  // role, H, W, r, Wp, channels, images
+float* plane_buffer(const PlaneLayout& layout, std::int64_t floats, bool* clean) {
+  struct Entry {
+    PlaneLayout layout{};
+    std::unique_ptr<float[]> data;
+    std::uint64_t used = 0;
+  };
+  constexpr std::size_t kKeep = 12;
+  thread_local std::vector<Entry> entries;
+  thread_local std::uint64_t clock = 0;
+  ++clock;
+  for (Entry& e : entries)
+    if (e.layout == layout) {
+      e.used = clock;
+      *clean = true;
+      return e.data.get();
+    }
+  if (entries.size() >= kKeep)  // forget the least recently used
+    entries.erase(std::min_element(entries.begin(), entries.end(),
+                                   [](const Entry& a, const Entry& b) { return a.used < b.used; }));
+  entries.push_back({layout, std::unique_ptr<float[]>(new float[static_cast<std::size_t>(floats)]), clock});
+  *clean = false;
+  return entries.back().data.get();
+}
+
+PlaneLayout plane_layout(int role, const sasa::Planes& p, std::int64_t C, std::int64_t n) {
+  return {role, p.H, p.W, p.r, p.Wp, C, n};
+}
+
+// Images per chunk: enough units of work for every thread, without planes for the whole batch.
+std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int threads) {
+  const std::int64_t want = (4 * static_cast<std::int64_t>(threads) + units_per_image - 1) / units_per_image;
+  return std::clamp<std::int64_t>(want, 1, B);
 }
 
 }  // namespace
@@ -48,58 +151,25 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   const SasaGeometry g = sasa_geometry(qkv, r_row, r_col, spec);
   Tensor out({g.B, g.Co, g.H, g.W}, Device::CPU, Layout::ChannelsLast);
   const std::int64_t kk = static_cast<std::int64_t>(g.k) * g.k;
-  if (probs) *probs = Tensor({g.B, g.H, g.W, g.heads, g.k * g.k});
-  const float* base = qkv.data();
-  const float* rr = r_row.data();
-  const float* rc = r_col.data();
-
-#pragma omp parallel
-  {
-    std::vector<float> pr(static_cast<std::size_t>(g.k)), pc(static_cast<std::size_t>(g.k));
-    std::vector<float> local(static_cast<std::size_t>(kk));
-#pragma omp for collapse(2) schedule(static)
-    for (std::int64_t b = 0; b < g.B; ++b)
-      for (std::int64_t y = 0; y < g.H; ++y)
-        for (std::int64_t x = 0; x < g.W; ++x) {
-          const std::int64_t i = b * g.N + y * g.W + x;
-          const Window win = window_of(g, y, x);
-          for (int h = 0; h < g.heads; ++h) {
-            const float* q = base + i * g.Ct + h * g.dqk;
-            float* p = probs ? probs->data() + (i * g.heads + h) * kk : local.data();
-            for (int a = 0; a < g.k; ++a) {
-              pr[static_cast<std::size_t>(a)] = dot(q, rr + a * g.half, g.half);
-              pc[static_cast<std::size_t>(a)] = dot(q + g.half, rc + a * g.half, g.half);
-            }
-            std::fill(p, p + kk, 0.0f);
-            float m = -std::numeric_limits<float>::infinity();
-            for (int wy = win.y0; wy <= win.y1; ++wy)
-              for (int wx = win.x0; wx <= win.x1; ++wx) {
-                const int oy = wy - static_cast<int>(y) + g.r, ox = wx - static_cast<int>(x) + g.r;
-                const float* kj = base + (b * g.N + wy * g.W + wx) * g.Ct + g.heads * g.dqk + h * g.dqk;
-                const float l = g.s * dot(q, kj, g.dqk) + pr[static_cast<std::size_t>(oy)] +
-                                pc[static_cast<std::size_t>(ox)];
-                p[oy * g.k + ox] = l;
-                m = std::max(m, l);
-              }
-            float sum = 0.0f;
-            for (int wy = win.y0; wy <= win.y1; ++wy)
-              for (int wx = win.x0; wx <= win.x1; ++wx) {
-                float& e = p[(wy - y + g.r) * g.k + (wx - x + g.r)];
-                e = std::exp(e - m);
-                sum += e;
-              }
-            const float inv = 1.0f / sum;
-            float* o = out.data() + i * g.Co + h * g.dv;
-            std::fill(o, o + g.dv, 0.0f);
-            for (int wy = win.y0; wy <= win.y1; ++wy)
-              for (int wx = win.x0; wx <= win.x1; ++wx) {
-                float& e = p[(wy - y + g.r) * g.k + (wx - x + g.r)];
-                e *= inv;
-                const float* vj = base + (b * g.N + wy * g.W + wx) * g.Ct + 2 * g.heads * g.dqk + h * g.dv;
-                axpy(e, vj, o, g.dv);
-              }
-          }
-        }
+  if (probs) *probs = Tensor({g.B, g.H, g.W, g.heads, kk});
+  const sasa::Planes p = planes_of(g, r_row, r_col);
+  const sasa::Kernels& kern = sasa::kernels();
+  const int threads = omp_get_max_threads();
+  const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * g.H, threads);
+  bool clean = false;
+  float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * p.plane(), &clean);
+  const std::int64_t S = sasa::scratch_floats(p);
+  float* scratch = thread_buffer(0, threads * S);
+  for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
+    const std::int64_t n = std::min(G, g.B - b0);
+    spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
+#pragma omp parallel for collapse(3) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < g.heads; ++h)
+        for (int y = 0; y < p.H; ++y)
+          kern.forward_row(p, planes + i * g.Ct * p.plane(), h, y, out.data() + (b0 + i) * g.N * g.Co,
+                           probs ? probs->data() + (b0 + i) * g.N * g.heads * kk : nullptr,
+                           scratch + omp_get_thread_num() * S);
   }
   return out;
 }
@@ -118,96 +188,38 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   grads.dqkv = Tensor(qkv.shape(), Device::CPU, Layout::ChannelsLast);
   grads.dr_row = Tensor::zeros(r_row.shape());
   grads.dr_col = Tensor::zeros(r_col.shape());
-  std::vector<float> dlog(static_cast<std::size_t>(probs.numel()));  // d logits, same layout as probs
-  const float* base = qkv.data();
-  const float* P = probs.data();
-  const float* dO = dout.data();
-  float* dbase = grads.dqkv.data();
-  const float* rr = r_row.data();
-  const float* rc = r_col.data();
-  const std::int64_t tsize = static_cast<std::int64_t>(g.k) * g.half;
-
-  // Pass 1, per query: d logits, d q, and the embedding gradients. Each thread sums into its
-  // own slot (static schedule), and the slots are added in thread order: the same result on
-  // every run with the same thread count.
-  const int nthreads = omp_get_max_threads();
-  std::vector<float> part(static_cast<std::size_t>(nthreads) * 2 * static_cast<std::size_t>(tsize), 0.0f);
-#pragma omp parallel num_threads(nthreads)
-  {
-    float* acc_row = part.data() + static_cast<std::size_t>(omp_get_thread_num()) * 2 * static_cast<std::size_t>(tsize);
-    float* acc_col = acc_row + tsize;
-    std::vector<float> sum_row(static_cast<std::size_t>(g.k)), sum_col(static_cast<std::size_t>(g.k));
-#pragma omp for collapse(2) schedule(static)
-    for (std::int64_t b = 0; b < g.B; ++b)
-      for (std::int64_t y = 0; y < g.H; ++y)
-        for (std::int64_t x = 0; x < g.W; ++x) {
-          const std::int64_t i = b * g.N + y * g.W + x;
-          const Window win = window_of(g, y, x);
-          for (int h = 0; h < g.heads; ++h) {
-            const float* p = P + (i * g.heads + h) * kk;
-            float* dl = dlog.data() + (i * g.heads + h) * kk;
-            const float* q = base + i * g.Ct + h * g.dqk;
-            const float* go = dO + i * g.Co + h * g.dv;
-            std::fill(dl, dl + kk, 0.0f);
-            float pdp = 0.0f;
-            for (int wy = win.y0; wy <= win.y1; ++wy)
-              for (int wx = win.x0; wx <= win.x1; ++wx) {
-                const std::int64_t at = (wy - y + g.r) * g.k + (wx - x + g.r);
-                const float* vj = base + (b * g.N + wy * g.W + wx) * g.Ct + 2 * g.heads * g.dqk + h * g.dv;
-                dl[at] = dot(go, vj, g.dv);
-                pdp += p[at] * dl[at];
-              }
-            float* dq = dbase + i * g.Ct + h * g.dqk;
-            std::fill(dq, dq + g.dqk, 0.0f);
-            std::fill(sum_row.begin(), sum_row.end(), 0.0f);
-            std::fill(sum_col.begin(), sum_col.end(), 0.0f);
-            for (int wy = win.y0; wy <= win.y1; ++wy)
-              for (int wx = win.x0; wx <= win.x1; ++wx) {
-                const int oy = wy - static_cast<int>(y) + g.r, ox = wx - static_cast<int>(x) + g.r;
-                float& d = dl[oy * g.k + ox];
-                d = p[oy * g.k + ox] * (d - pdp);
-                const float* kj = base + (b * g.N + wy * g.W + wx) * g.Ct + g.heads * g.dqk + h * g.dqk;
-                axpy(g.s * d, kj, dq, g.dqk);
-                sum_row[static_cast<std::size_t>(oy)] += d;
-                sum_col[static_cast<std::size_t>(ox)] += d;
-              }
-            for (int a = 0; a < g.k; ++a) {
-              const float sr = sum_row[static_cast<std::size_t>(a)], sc = sum_col[static_cast<std::size_t>(a)];
-              axpy(sr, rr + a * g.half, dq, g.half);
-              axpy(sc, rc + a * g.half, dq + g.half, g.half);
-              axpy(sr, q, acc_row + a * g.half, g.half);
-              axpy(sc, q + g.half, acc_col + a * g.half, g.half);
-            }
-          }
-        }
-  }
-  for (int th = 0; th < nthreads; ++th)
-    for (std::int64_t t = 0; t < tsize; ++t) {
-      grads.dr_row.data()[t] += part[(static_cast<std::size_t>(th) * 2) * static_cast<std::size_t>(tsize) + static_cast<std::size_t>(t)];
-      grads.dr_col.data()[t] += part[(static_cast<std::size_t>(th) * 2 + 1) * static_cast<std::size_t>(tsize) + static_cast<std::size_t>(t)];
-    }
-
-  // Pass 2, per key: gather d k and d v from the queries whose windows hold it.
+  const sasa::Planes p = planes_of(g, r_row, r_col);
+  const sasa::Kernels& kern = sasa::kernels();
+  const int threads = omp_get_max_threads();
+  const std::int64_t G = chunk_images(g.B, g.heads, threads);
+  const std::int64_t P = p.plane();
+  bool clean = false, dclean = false;
+  float* planes = plane_buffer(plane_layout(1, p, g.Ct, G), G * g.Ct * P, &clean);
+  float* dplanes = plane_buffer(plane_layout(2, p, g.Co, G), G * g.Co * P, &dclean);
+  float* gplanes = thread_buffer(1, G * g.Ct * P);
+  const std::int64_t S = sasa::scratch_floats(p), tsize = static_cast<std::int64_t>(g.k) * g.half;
+  float* scratch = thread_buffer(0, threads * S);
+  // Each (image, head) writes its own embedding gradients; they are added in that order after.
+  std::vector<float> dr(static_cast<std::size_t>(g.B * g.heads * 2 * tsize));
+  for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
+    const std::int64_t n = std::min(G, g.B - b0);
+    spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
+    spread_to_planes(kern, dout, b0, n, p, dplanes, dclean || b0 > 0);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t pl = 0; pl < n * g.Ct; ++pl) std::fill(gplanes + pl * P, gplanes + (pl + 1) * P, 0.0f);
 #pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t b = 0; b < g.B; ++b)
-    for (std::int64_t y = 0; y < g.H; ++y)
-      for (std::int64_t x = 0; x < g.W; ++x) {
-        const std::int64_t j = b * g.N + y * g.W + x;
-        const Window win = window_of(g, y, x);  // the queries that see this key
-        for (int h = 0; h < g.heads; ++h) {
-          float* dk = dbase + j * g.Ct + g.heads * g.dqk + h * g.dqk;
-          float* dv = dbase + j * g.Ct + 2 * g.heads * g.dqk + h * g.dv;
-          std::fill(dk, dk + g.dqk, 0.0f);
-          std::fill(dv, dv + g.dv, 0.0f);
-          for (int qy = win.y0; qy <= win.y1; ++qy)
-            for (int qx = win.x0; qx <= win.x1; ++qx) {
-              const std::int64_t i = b * g.N + qy * g.W + qx;
-              const std::int64_t at = (i * g.heads + h) * kk + (y - qy + g.r) * g.k + (x - qx + g.r);
-              axpy(g.s * dlog[static_cast<std::size_t>(at)], base + i * g.Ct + h * g.dqk, dk, g.dqk);
-              axpy(P[at], dO + i * g.Co + h * g.dv, dv, g.dv);
-            }
-        }
-      }
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < g.heads; ++h)
+        kern.backward_head(p, planes + i * g.Ct * P, dplanes + i * g.Co * P,
+                           probs.data() + (b0 + i) * g.N * g.heads * kk, h, gplanes + i * g.Ct * P,
+                           dr.data() + ((b0 + i) * g.heads + h) * 2 * tsize, scratch + omp_get_thread_num() * S);
+    gather_from_planes(kern, gplanes, p, b0, n, grads.dqkv);
+  }
+  for (std::int64_t u = 0; u < g.B * g.heads; ++u)
+    for (std::int64_t t = 0; t < tsize; ++t) {
+      grads.dr_row.data()[t] += dr[static_cast<std::size_t>(u * 2 * tsize + t)];
+      grads.dr_col.data()[t] += dr[static_cast<std::size_t>(u * 2 * tsize + tsize + t)];
+    }
   return grads;
 }
 

@@ -145,8 +145,10 @@ cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files
 
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
                                       const std::vector<std::string>& labels) {
-  RELPOS_CHECK(split == "train" || split == "test", "split must be train or test, got '" << split << "'");
+  RELPOS_CHECK(split == "train" || split == "test" || split == "val",
+               "split must be train, val or test, got '" << split << "'");
   if (spec == "fashion-mnist" || spec == "fmnist") {
+    RELPOS_CHECK(split != "val", "Fashion-MNIST has no val split (hold out part of train with --val-split)");
     const std::string dir = std::getenv("RELPOS_FASHION_MNIST") ? std::getenv("RELPOS_FASHION_MNIST") : kFashionMnistDir;
     const std::string stem = split == "train" ? "train" : "t10k";
     const std::string images = dir + "/" + stem + "-images-idx3-ubyte.gz";
@@ -158,6 +160,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
   }
   const fs::path sub = fs::path(spec) / split;
+  RELPOS_CHECK(split != "val" || fs::is_directory(sub), spec << ": no val/ folder");
   return std::make_unique<ImageFolderDataset>(fs::is_directory(sub) ? sub.string() : spec, labels);
 }
 

@@ -144,11 +144,16 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
   }
-  // A training checkpoint holds the model's tensors as "model.*" next to the optimizer's "optim.*".
+  // A training checkpoint holds the model's tensors as "model.*" next to the optimizer's "optim.*"
+  // and, when the run kept an EMA of the weights, "ema.*": then those are the model (the weights the
+  // run evaluated and saved).
   const bool checkpoint = meta.count("relpos.format") && meta.at("relpos.format") == "relpos-checkpoint";
+  bool has_ema = false;
+  for (const auto& e : f.entries()) has_ema = has_ema || (checkpoint && e.name.rfind("ema.", 0) == 0);
+  const std::string prefix = has_ema ? "ema." : "model.";
   for (const auto& e : f.entries()) {
     if (!checkpoint) fc.tensors.emplace_back(e.name, f.tensor(e.name));
-    else if (e.name.rfind("model.", 0) == 0) fc.tensors.emplace_back(e.name.substr(6), f.tensor(e.name));
+    else if (e.name.rfind(prefix, 0) == 0) fc.tensors.emplace_back(e.name.substr(prefix.size()), f.tensor(e.name));
   }
   return fc;
 }

@@ -140,6 +140,13 @@ Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
   return m;
 }
 
+bool holds_weights(const std::string& path_or_name) {
+  std::error_code ec;
+  // as open(): a file, else the name of a shipped model or config
+  const std::string path = std::filesystem::exists(path_or_name, ec) ? path_or_name : find_config(path_or_name);
+  return detail::model_file_kind(path) != detail::ModelFileKind::Config;
+}
+
 void Model::save_json(const std::string& path, TensorEncoding encoding) const {
   const std::string text = detail::weights_json_text(*this, encoding);
   detail::write_atomically(path, [&](std::ostream& out) { out << text << '\n'; });

@@ -1,5 +1,6 @@
 #include "relpos/network.hpp"
 
+#include "core/op_profile.hpp"
 #include "layers/attention_layers.hpp"
 #include "layers/blocks.hpp"
 #include "layers/stem_and_head.hpp"
@@ -12,6 +13,8 @@ struct Network::Impl {
   std::unique_ptr<Stem> stem;
   std::vector<std::vector<std::unique_ptr<ResidualBlock>>> stages;
   std::unique_ptr<ClassifierHead> head;
+  std::vector<std::vector<std::string>> block_names;  // "stages.I.J", for per-layer profiling
+  const std::string stem_name = "stem", head_name = "head";
   std::vector<ParamRef> params;
   // where each block's and the head's parameters start in params (the stem's start at 0)
   std::vector<std::vector<std::size_t>> block_first;
@@ -79,6 +82,8 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
       const BlockConfig& b = st.blocks[j];
       const std::string where = "stages." + std::to_string(i) + "." + std::to_string(j);
       blocks.push_back(m.make_block(b, st, prev, feat_h, feat_w, where));
+      if (m.block_names.size() <= i) m.block_names.resize(i + 1);
+      m.block_names[i].push_back(where);
       prev = b.chs;
       if (b.stride > 1) feat_h /= b.stride, feat_w /= b.stride;
     }
@@ -151,9 +156,17 @@ void Network::prepare_inference() {
 Tensor Network::infer(const Tensor& x) const {
   const Impl& m = *impl_;
   m.check_input(x);
-  Tensor h = m.stem->infer(x);
-  for (const auto& stage : m.stages)
-    for (const auto& b : stage) h = b->infer(h);
+  Tensor h;
+  {
+    detail::ScopedLayer layer(m.stem_name);
+    h = m.stem->infer(x);
+  }
+  for (std::size_t i = 0; i < m.stages.size(); ++i)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j) {
+      detail::ScopedLayer layer(m.block_names[i][j]);
+      h = m.stages[i][j]->infer(h);
+    }
+  detail::ScopedLayer layer(m.head_name);
   return m.head->infer(h);
 }
 
@@ -173,22 +186,40 @@ Tensor Network::forward(const Tensor& x) {
   Impl& m = *impl_;
   m.check_input(x, /*need_prepared=*/false);
   m.prepared = false;  // the weights are about to change: infer() must be re-prepared
-  Tensor h = m.stem->forward(x);
-  for (auto& stage : m.stages)
-    for (auto& b : stage) h = b->forward(h);
+  Tensor h;
+  {
+    detail::ScopedLayer layer(m.stem_name);
+    h = m.stem->forward(x);
+  }
+  for (std::size_t i = 0; i < m.stages.size(); ++i)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j) {
+      detail::ScopedLayer layer(m.block_names[i][j]);
+      h = m.stages[i][j]->forward(h);
+    }
+  detail::ScopedLayer layer(m.head_name);
   return m.head->forward(h);
 }
 
 void Network::backward(const Tensor& dlogits, const std::function<void(std::size_t first)>& ready) {
   Impl& m = *impl_;
-  Tensor d = m.head->backward(dlogits);
+  Tensor d;
+  {
+    detail::ScopedLayer layer(m.head_name);
+    d = m.head->backward(dlogits);
+  }
   if (ready) ready(m.head_first);
   for (std::size_t i = m.stages.size(); i-- > 0;)
     for (std::size_t j = m.stages[i].size(); j-- > 0;) {
-      d = m.stages[i][j]->backward(d);
+      {
+        detail::ScopedLayer layer(m.block_names[i][j]);
+        d = m.stages[i][j]->backward(d);
+      }
       if (ready) ready(m.block_first[i][j]);
     }
-  m.stem->backward(d);
+  {
+    detail::ScopedLayer layer(m.stem_name);
+    m.stem->backward(d);
+  }
   if (ready) ready(0);
 }
 

@@ -42,6 +42,13 @@ void each_option(Options& o, F&& f) {
   f("workers", o.workers);
   f("eval_batch", o.eval_batch);
   f("eval_each_epoch", o.eval_each_epoch);
+  f("val_split", o.val_split);
+  f("ema_decay", o.ema_decay);
+  f("clip_grad", o.clip_grad);
+  f("init", o.init);
+  f("init_config", o.init_config);
+  f("extend", o.extend);
+  f("extend_lr", o.extend_lr);
   f("out", o.out);
   f("save", o.save);
   f("max_steps", o.max_steps);
@@ -112,6 +119,8 @@ void each_log_field(Log& e, F&& f) {
   f("lr", e.lr);
   f("train_loss", e.train_loss);
   f("train_acc", e.train_acc);
+  f("val_loss", e.val_loss);
+  f("val_acc", e.val_acc);
   f("test_loss", e.test_loss);
   f("test_acc", e.test_acc);
   f("seconds", e.seconds);
@@ -132,17 +141,21 @@ EpochLog epoch_log_from(const json& j) {
 }
 
 void save_checkpoint(const std::string& path, const Model& model, const Optimizer& optimizer,
-                     const TrainOptions& options, const TrainProgress& p) {
+                     const TrainOptions& options, const TrainProgress& p, const WeightEma* ema) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ParamRef& r : model.network().params()) tensors.emplace_back("model." + r.name, *r.value);
   for (auto& [name, t] : optimizer.state()) tensors.emplace_back("optim." + name, t);
+  if (ema)
+    for (const auto& [name, t] : ema->state()) tensors.emplace_back("ema." + name, t);
   json hist = json::array();
   for (const auto& e : p.history) hist.push_back(epoch_log_json(e));
   const json progress = {{"epoch", p.epoch},       {"batch_in_epoch", p.batch_in_epoch},
                          {"step", p.step},         {"optimizer_steps", optimizer.steps()},
                          {"loss_sum", p.loss_sum}, {"correct", p.correct},
                          {"seen", p.seen},         {"seconds", p.seconds},
-                         {"run_seconds", p.run_seconds}, {"history", hist}};
+                         {"run_seconds", p.run_seconds}, {"history", hist},
+                         {"best_epoch", p.best_epoch}, {"best_val_acc", p.best_val_acc},
+                         {"lr_segments", lr_segments_json(p.lr_segments)}};
   auto meta = model_metadata(model, "relpos-checkpoint");
   meta["relpos.train_options"] = options.to_json().dump();
   meta["relpos.progress"] = progress.dump();
@@ -171,10 +184,15 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.progress.seconds = pj.at("seconds").get<double>();
     c.progress.run_seconds = pj.at("run_seconds").get<double>();
     for (const auto& e : pj.at("history")) c.progress.history.push_back(epoch_log_from(e));
+    // keys added later: absent from older checkpoints
+    c.progress.best_epoch = pj.value("best_epoch", 0);
+    c.progress.best_val_acc = pj.value("best_val_acc", -1.0);
+    if (pj.contains("lr_segments")) c.progress.lr_segments = lr_segments_from(pj.at("lr_segments"));
     std::vector<std::pair<std::string, Tensor>> weights;
     for (const auto& e : f.entries()) {
       if (e.name.rfind("model.", 0) == 0) weights.emplace_back(e.name.substr(6), f.tensor(e.name));
       if (e.name.rfind("optim.", 0) == 0) c.optimizer_state.emplace_back(e.name.substr(6), f.tensor(e.name));
+      if (e.name.rfind("ema.", 0) == 0) c.ema_state.emplace_back(e.name.substr(4), f.tensor(e.name));
     }
     Network net(config, 0, /*initialize=*/false);
     assign_tensors(net, weights, path);
@@ -187,6 +205,13 @@ Checkpoint load_checkpoint(const std::string& path) {
 
 }  // namespace detail
 
-Model load_checkpoint_model(const std::string& checkpoint) { return std::move(*detail::load_checkpoint(checkpoint).model); }
+Model load_checkpoint_model(const std::string& checkpoint) {
+  detail::Checkpoint c = detail::load_checkpoint(checkpoint);
+  if (!c.ema_state.empty()) {  // the averaged weights, which the run evaluated and saved
+    Network& net = c.model->network();
+    detail::assign_tensors(net, c.ema_state, checkpoint + " (EMA)");  // prepares it for inference
+  }
+  return std::move(*c.model);
+}
 
 }  // namespace relpos

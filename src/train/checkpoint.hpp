@@ -1,5 +1,5 @@
 // Internal: training checkpoints (safetensors). Tensors "model.<name>" (parameters and
-// buffers) and "optim.<name>.m1/.m2"; metadata holds the config, labels, preprocessing, the
+// buffers), "optim.<name>.m1/.m2" and, with EMA, "ema.<name>"; metadata holds the config, labels, preprocessing, the
 // training options and where training stands.
 #pragma once
 
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "relpos/trainer.hpp"
+#include "train/lr_plan.hpp"
+#include "train/weight_ema.hpp"
 
 namespace relpos::detail {
 
@@ -18,10 +20,13 @@ struct TrainProgress {
   double loss_sum = 0.0, correct = 0.0, seen = 0.0, seconds = 0.0;  // current epoch so far
   double run_seconds = 0.0;       // training time of all earlier parts of the run
   std::vector<EpochLog> history;
+  int best_epoch = 0;             // with validation: the best epoch so far (1-based; 0: none yet)
+  double best_val_acc = -1.0;
+  std::vector<LrSegment> lr_segments;  // the schedule after extensions (see LrPlan)
 };
 
 void save_checkpoint(const std::string& path, const Model& model, const Optimizer& optimizer,
-                     const TrainOptions& options, const TrainProgress& progress);
+                     const TrainOptions& options, const TrainProgress& progress, const WeightEma* ema = nullptr);
 
 struct Checkpoint {
   std::optional<Model> model;
@@ -29,6 +34,7 @@ struct Checkpoint {
   TrainProgress progress;
   long optimizer_steps = 0;
   std::vector<std::pair<std::string, Tensor>> optimizer_state;
+  std::vector<std::pair<std::string, Tensor>> ema_state;  // empty without EMA
 };
 Checkpoint load_checkpoint(const std::string& path);
 

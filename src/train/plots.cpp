@@ -98,9 +98,12 @@ void plot_learning_curves(const std::vector<EpochLog>& history, const std::strin
   for (const auto& e : history) {
     tl.points.emplace_back(e.epoch, e.train_loss);
     ta.points.emplace_back(e.epoch, 100 * e.train_acc);
-    if (e.test_acc >= 0) {
-      vl.points.emplace_back(e.epoch, e.test_loss);
-      va.points.emplace_back(e.epoch, 100 * e.test_acc);
+    // the held-out curve: validation when the run has it, else test
+    if (e.val_acc >= 0 || e.test_acc >= 0) {
+      const bool val = e.val_acc >= 0;
+      vl.name = va.name = val ? "val" : "test";
+      vl.points.emplace_back(e.epoch, val ? e.val_loss : e.test_loss);
+      va.points.emplace_back(e.epoch, 100 * (val ? e.val_acc : e.test_acc));
     }
   }
   std::vector<Series> loss{tl}, acc{ta};

@@ -13,12 +13,16 @@
 #include <iostream>
 #include <sstream>
 
+#include "data/dataset_subset.hpp"
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "train/checkpoint.hpp"
 #include "train/data_parallel.hpp"
+#include "train/grad_clip.hpp"
+#include "train/lr_plan.hpp"
 #include "train/plots.hpp"
+#include "train/weight_ema.hpp"
 
 namespace relpos {
 
@@ -45,12 +49,21 @@ int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_
 
 void write_csv(const std::string& path, const std::vector<EpochLog>& history) {
   detail::write_atomically(path, [&](std::ostream& out) {
-    out << "epoch,lr,train_loss,train_acc,test_loss,test_acc,seconds,img_per_s\n";
+    out << "epoch,lr,train_loss,train_acc,val_loss,val_acc,test_loss,test_acc,seconds,img_per_s\n";
     for (const auto& e : history)
-      out << e.epoch << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
-          << e.test_acc << ',' << e.seconds << ',' << e.img_per_s << '\n';
+      out << e.epoch << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.val_loss << ',' << e.val_acc
+          << ',' << e.test_loss << ',' << e.test_acc << ',' << e.seconds << ',' << e.img_per_s << '\n';
   });
 }
+
+// Copies a file atomically (the copy appears whole or not at all).
+void copy_atomically(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  RELPOS_CHECK(in, from << ": cannot read");
+  detail::write_atomically(to, [&](std::ostream& out) { out << in.rdbuf(); });
+}
+
+bool is_folder_data(const std::string& spec) { return spec != "fashion-mnist" && spec != "fmnist"; }
 
 }  // namespace
 
@@ -115,10 +128,16 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.bucket_mb = options.bucket_mb;
     dp.check_resume(opts.processes, resume);
     if (!options.save.empty()) opts.save = options.save;  // else where the run was told to save
-    if (resume_epochs > 0) opts.epochs = resume_epochs;
+    opts.extend = options.extend;
+    opts.extend_lr = options.extend_lr;
+    prog = ck->progress;
+    if (resume_epochs > 0) {
+      RELPOS_CHECK(resume_epochs >= prog.epoch, resume << ": the run has done " << prog.epoch
+                                                       << " epochs already; --epochs " << resume_epochs << " would undo them");
+      opts.epochs = resume_epochs;
+    }
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
-    prog = ck->progress;
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
   opts.processes = dp.size();
@@ -139,20 +158,75 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
     for (const auto& e : fs::directory_iterator(opts.out)) {
       const std::string name = e.path().filename().string();
-      for (const char* f : {"checkpoint.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.", "curves.png.tmp."})
+      for (const char* f : {"checkpoint.safetensors.tmp.", "best.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.",
+                            "curves.png.tmp."})
         if (name.rfind(f, 0) == 0) fs::remove(e.path());
     }
   }
   const std::string ckpt_path = (fs::path(opts.out) / "checkpoint.safetensors").string();
+  const std::string best_path = (fs::path(opts.out) / "best.safetensors").string();
 
-  // A model that already has labels (resumed, or loaded from a file) finds its class folders by name.
-  auto train_data = open_dataset(opts.data, "train", model.labels());
-  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test", train_data->classes()) : nullptr;
+  TrainResult result;
+  const auto report = [&](TrainEvent ev) {
+    if (!opts.on_event) return;
+    ev.epoch = prog.epoch + 1;
+    ev.epochs = opts.epochs;
+    opts.on_event(ev);
+  };
+  const auto note = [&](const std::string& text) {
+    TrainEvent ev;
+    ev.kind = TrainEvent::Kind::Message;
+    ev.warning = false;
+    ev.message = text;
+    report(ev);
+  };
+
+  // A new run takes its classes from the data (a new classifier when the model's do not fit it).
+  if (!ck) {
+    const std::string changed =
+        fit_to_data(model, is_folder_data(opts.data) ? open_dataset(opts.data, "train")->classes() : fashion_mnist_classes(),
+                    static_cast<std::uint32_t>(opts.seed));
+    if (!changed.empty()) note(changed);
+  }
+  // The model's labels find their class folders by name.
+  const auto train_all = open_dataset(opts.data, "train", model.labels());
   Network& net = model.network();
-  RELPOS_CHECK(static_cast<int>(train_data->classes().size()) == net.config().num_classes,
-               opts.data << " has " << train_data->classes().size() << " classes but the model has "
+  RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
+               opts.data << " has " << train_all->classes().size() << " classes but the model has "
                          << net.config().num_classes << " outputs");
-  if (model.labels().empty()) model.set_labels(train_data->classes());
+  // Validation data: part of the training set (seeded), or a val/ folder.
+  const Dataset* train_data = train_all.get();
+  std::optional<detail::DatasetSubset> train_part, val_part;
+  std::unique_ptr<Dataset> val_folder;
+  const Dataset* val_data = nullptr;
+  if (opts.val_split > 0.0f) {
+    auto [kept, held] = detail::split_for_validation(*train_all, opts.val_split, opts.seed);
+    train_part.emplace(*train_all, std::move(kept));
+    val_part.emplace(*train_all, std::move(held));
+    train_data = &*train_part;
+    val_data = &*val_part;
+  } else if (is_folder_data(opts.data) && fs::is_directory(fs::path(opts.data) / "val")) {
+    val_folder = open_dataset(opts.data, "val", model.labels());
+    val_data = val_folder.get();
+  }
+  // With validation the test set is scored once at the end; without, after every epoch.
+  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test", model.labels()) : nullptr;
+
+  // The EMA of the weights (what is evaluated and saved when on) and a model to evaluate it in.
+  std::optional<detail::WeightEma> ema;
+  std::optional<Model> ema_model;
+  if (opts.ema_decay > 0.0f) {
+    ema.emplace(net, opts.ema_decay);
+    if (ck && !ck->ema_state.empty()) ema->load_state(ck->ema_state, resume);
+    ema_model.emplace(Network(net.config(), 0, /*initialize=*/false), model.labels(), model.preprocess());
+    ema_model->to(model.device());
+  }
+  const auto scored_model = [&]() -> const Model& {
+    if (!ema) return model;
+    ema->copy_to(ema_model->network());
+    ema_model->network().prepare_inference();
+    return *ema_model;
+  };
 
   Optimizer optimizer(opts.optimizer, net.params());
   if (ck) optimizer.load_state(ck->optimizer_state, ck->optimizer_steps);
@@ -168,20 +242,27 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                          << dp.size() << " x " << opts.batch << ")");
   DataLoader loader(*train_data, model.preprocess(), lo);
   const std::size_t per_epoch = loader.batches_per_epoch();
-  LrSchedule sched;
-  sched.lr = opts.lr;
-  sched.min_lr = opts.min_lr;
-  sched.warmup_lr = opts.lr * 0.01f;
-  sched.warmup_steps = static_cast<long>(opts.warmup_epochs * static_cast<float>(per_epoch));
-  sched.total_steps = static_cast<long>(per_epoch) * opts.epochs;
-
-  TrainResult result;
-  const auto report = [&](TrainEvent ev) {
-    if (!opts.on_event) return;
-    ev.epoch = prog.epoch + 1;
-    ev.epochs = opts.epochs;
-    opts.on_event(ev);
-  };
+  // The schedule the run was planned with, then its extensions (docs/training.md).
+  const int planned_epochs = ck ? ck->options.epochs : opts.epochs;
+  detail::LrPlan sched;
+  sched.base.lr = opts.lr;
+  sched.base.min_lr = opts.min_lr;
+  sched.base.warmup_lr = opts.lr * 0.01f;
+  sched.base.warmup_steps = static_cast<long>(opts.warmup_epochs * static_cast<float>(per_epoch));
+  sched.base.total_steps = static_cast<long>(per_epoch) * planned_epochs;
+  sched.segments = prog.lr_segments;
+  if (opts.epochs != planned_epochs) {
+    const float from = sched.at(prog.step);
+    sched.extend(prog.step, static_cast<long>(per_epoch) * opts.epochs, opts.extend, opts.extend_lr);
+    prog.lr_segments = sched.segments;
+    std::ostringstream os;
+    os << "the run goes on to " << opts.epochs << " epochs (planned: " << planned_epochs << "); the learning rate "
+       << (opts.extend == "constant" ? "stays at " : "follows a new cosine from ") << sched.segments.back().lr;
+    if (opts.extend_lr > 0.0f) os << " (given; it was " << from << ")";
+    if (opts.extend != "constant") os << " to " << opts.min_lr;
+    if (sched.segments.back().lr <= 0.0f) os << " (a rate of 0 leaves the weights as they are: give --lr to train on)";
+    note(os.str());
+  }
   const auto run_start = Clock::now();
   const double run_before = prog.run_seconds;
   auto last_save = Clock::now();
@@ -194,7 +275,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       ev.message = drift;
       report(ev);
     }
-    if (dp.writer()) detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog);
+    if (dp.writer()) detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog, ema ? &*ema : nullptr);
     result.checkpoint = ckpt_path;
     ++result.checkpoints;
     last_save = Clock::now();
@@ -217,7 +298,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                                                               << " (learning rate too high?)");
       net.backward(ce.dlogits, dp.gradient_hook());
       dp.finish_gradients();
+      if (opts.clip_grad > 0.0f) detail::clip_grad_norm(net.params(), opts.clip_grad);
       optimizer.step(lr);
+      if (ema) ema->update(net);
       const Tensor host = logits.to(Device::CPU);
       // this step's counts, and whether to stop or checkpoint: summed over the processes, so that
       // every one keeps the same progress and takes the same decisions
@@ -277,11 +360,21 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     e.train_acc = prog.correct / std::max(1.0, prog.seen);
     e.seconds = prog.seconds;
     e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
-    if (test_data) {
-      dp.synchronize_state();  // one model on every process (before the checkpoint below, which checks again)
-      const EvalResult ev = dp.evaluate(model, *test_data, opts.eval_batch);
+    dp.synchronize_state();  // one model on every process (the checkpoint below checks again)
+    const Model& scored = scored_model();
+    if (val_data) {
+      const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);
+      e.val_loss = ev.loss;
+      e.val_acc = ev.top1;
+    } else if (test_data) {
+      const EvalResult ev = dp.evaluate(scored, *test_data, opts.eval_batch);
       e.test_loss = ev.loss;
       e.test_acc = ev.top1;
+    }
+    const bool best = val_data && e.val_acc > prog.best_val_acc;
+    if (best) {
+      prog.best_epoch = e.epoch;
+      prog.best_val_acc = e.val_acc;
     }
     prog.history.push_back(e);
     {
@@ -296,6 +389,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     prog.loss_sum = prog.correct = prog.seen = prog.seconds = 0.0;
     save();
     if (!dp.writer()) continue;
+    if (best) copy_atomically(ckpt_path, best_path);  // the best epoch's checkpoint, beside the last
     write_csv((fs::path(opts.out) / "log.csv").string(), prog.history);
     try {  // a picture is not worth failing a run for
       plot_learning_curves(prog.history, (fs::path(opts.out) / "curves.png").string());
@@ -306,10 +400,32 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       report(ev);
     }
   }
-  if (dp.writer()) model.save_json((fs::path(opts.out) / "model.json").string());
-  if (!opts.save.empty() && dp.writer()) {
-    model.save_json(opts.save);
+  result.checkpoint = ckpt_path;  // also when a finished run was resumed without more epochs
+  if (!dp.writer()) {  // the other processes are done: rank 0 writes the model (and scores the test set once)
+    result.history = prog.history;
+    result.seconds = seconds_since(run_start);
+    return result;
+  }
+  // model.json (and --save): the best epoch by validation, else the last; the EMA when on.
+  std::optional<Model> best_model;
+  const Model* final_model = &scored_model();
+  if (val_data && prog.best_epoch > 0 && fs::exists(best_path)) {
+    best_model.emplace(load_checkpoint_model(best_path));
+    best_model->to(model.device());
+    final_model = &*best_model;
+    result.best = best_path;
+    result.best_epoch = prog.best_epoch;
+    result.best_val_acc = prog.best_val_acc;
+  }
+  final_model->save_json((fs::path(opts.out) / "model.json").string());
+  if (!opts.save.empty()) {
+    final_model->save_json(opts.save);
     result.saved = opts.save;
+  }
+  if (val_data && test_data) {  // the test set, once
+    const EvalResult ev = evaluate(*final_model, *test_data, opts.eval_batch);
+    result.test_loss = ev.loss;
+    result.test_acc = ev.top1;
   }
   result.history = prog.history;
   result.seconds = seconds_since(run_start);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -13,6 +14,7 @@
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
 #include "relpos/optim.hpp"
+#include "relpos/runtime.hpp"
 #include "relpos/safetensors.hpp"
 
 namespace relpos::cli {
@@ -25,7 +27,7 @@ struct BenchArgs {
   int iters = 10;
   double min_seconds = 0.0;
   std::string input, save_logits;
-  bool json = false, train = false, tf32 = false, backward = false;
+  bool json = false, train = false, tf32 = false, backward = false, profile = false;
   std::vector<int> attention;  // h w: time the attention op alone
   int dim = 64, heads = 4;
 };
@@ -40,10 +42,15 @@ Tensor random_tensor(const Shape& s, std::uint32_t seed) {
   return Tensor::from_vector(s, v);
 }
 
-// Times fn() (which must leave no device work pending); returns per-run milliseconds.
+// Times fn() (which must leave no device work pending); returns per-run milliseconds. With
+// --profile the timed runs (not the warm-up) are also profiled layer by layer.
 template <typename F>
 std::vector<double> time_runs(const BenchArgs& a, F&& fn) {
   for (int i = 0; i < a.warmup; ++i) fn();
+  if (a.profile) {
+    reset_profile();
+    set_profiling(true);
+  }
   std::vector<double> ms;
   const auto start = Clock::now();
   while (static_cast<int>(ms.size()) < a.iters ||
@@ -52,6 +59,7 @@ std::vector<double> time_runs(const BenchArgs& a, F&& fn) {
     fn();
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
+  set_profiling(false);
   std::sort(ms.begin(), ms.end());
   return ms;
 }
@@ -102,6 +110,67 @@ void run_attention(const BenchArgs& a) {
          a.batch, to_string(dev), ms);
 }
 
+// The --profile table: per layer (stem, each block, head) its ops' milliseconds per run, the
+// share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond.
+void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, std::size_t runs) {
+  const auto rows = profile_rows();
+  const auto layers = net.summarize(static_cast<int>(batch));
+  double total = 0.0;
+  for (const auto& r : rows) total += r.ms;
+  const auto macs_of = [&](const std::string& layer) {
+    double m = 0.0;
+    for (const auto& l : layers)
+      if (l.name.rfind(layer + ".", 0) == 0) m += static_cast<double>(l.macs);
+    return m;
+  };
+  const double n = static_cast<double>(runs);
+  if (a.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : rows)
+      j.push_back({{"layer", r.layer}, {"op", r.op}, {"calls", r.calls}, {"ms_per_run", r.ms / n}});
+    std::cout << nlohmann::json{{"profile", j}, {"runs", runs}}.dump() << "\n";
+    return;
+  }
+  std::cout << "profile of " << runs << " runs (each op waits for the device; ms per run):\n"
+            << std::left << std::setw(14) << "layer" << std::setw(34) << "op" << std::right << std::setw(10) << "ms"
+            << std::setw(8) << "share" << std::setw(10) << "MMACs" << std::setw(10) << "GMAC/s" << "\n";
+  std::map<std::string, double> by_op;
+  for (std::size_t i = 0; i < rows.size();) {
+    const std::string layer = rows[i].layer;
+    double layer_ms = 0.0;
+    std::size_t k = i;
+    for (; k < rows.size() && rows[k].layer == layer; ++k) {
+      const auto& r = rows[k];
+      layer_ms += r.ms;
+      by_op[r.op] += r.ms;
+      std::cout << std::left << std::setw(14) << (k == i ? (layer.empty() ? "(outside)" : layer) : "") << std::setw(34)
+                << r.op << std::right << std::fixed << std::setprecision(3) << std::setw(10) << r.ms / n
+                << std::setprecision(1) << std::setw(7) << 100.0 * r.ms / total << "%\n";
+    }
+    const double macs = layer.empty() ? 0.0 : macs_of(layer);
+    if (k - i > 1 || macs > 0) {
+      std::cout << std::left << std::setw(14) << "" << std::setw(34) << "= layer" << std::right << std::fixed
+                << std::setprecision(3) << std::setw(10) << layer_ms / n << std::setprecision(1) << std::setw(7)
+                << 100.0 * layer_ms / total << "%";
+      if (macs > 0)
+        std::cout << std::setw(10) << macs / 1e6 << std::setw(10) << macs / (layer_ms / n) / 1e6;
+      std::cout << "\n";
+    }
+    i = k;
+  }
+  std::cout << "by op:\n";
+  std::vector<std::pair<std::string, double>> ops(by_op.begin(), by_op.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  for (const auto& [op, ms] : ops)
+    std::cout << "  " << std::left << std::setw(46) << op << std::right << std::fixed << std::setprecision(3)
+              << std::setw(10) << ms / n << std::setprecision(1) << std::setw(7) << 100.0 * ms / total << "%\n";
+  double all_macs = 0.0;
+  for (const auto& l : layers) all_macs += static_cast<double>(l.macs);
+  std::cout << std::setprecision(1) << "total " << std::setprecision(3) << total / n << " ms per run in ops, "
+            << std::setprecision(2) << all_macs / 1e9 << " GMACs: " << std::setprecision(1)
+            << all_macs / (total / n) / 1e6 << " GMAC/s" << (a.train ? " (forward multiply-adds only)" : "") << "\n";
+}
+
 void run(const BenchArgs& a) {
   set_allow_tf32(a.tf32);
   if (!a.attention.empty()) return run_attention(a);
@@ -134,6 +203,7 @@ void run(const BenchArgs& a) {
   }
   if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
   report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms);
+  if (a.profile) print_profile(a, model.network(), x.dim(0), ms.size());
 }
 }  // namespace
 
@@ -151,6 +221,8 @@ void register_bench(CLI::App& app) {
   sub->add_flag("--tf32", args->tf32, "Let the GPU use TF32 tensor cores for float32 (no effect on the CPU)");
   sub->add_flag("--backward", args->backward, "Attention: time forward and backward");
   sub->add_option("--attention", args->attention, "Time the attention op alone on an H W map")->expected(2);
+  sub->add_flag("--profile", args->profile,
+                "Also print where the time goes: each layer's ops (ms per run, share, multiply-adds per second)");
   sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object");

@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 
 #include "cli_common.hpp"
@@ -38,13 +39,31 @@ std::string processes_text(const TrainProcesses& p, const TrainOptions& o, Devic
 }
 
 struct TrainArgs {
-  std::string config, resume;
-  bool epochs_given = false;
+  std::string config, resume, init;
+  bool epochs_given = false, lr_given = false, ema = false;
   RunOptions run;
   std::uint32_t init_seed = 0;
   bool no_flip = false, quiet = false, no_eval = false;
   TrainOptions opt;
 };
+
+// The model a new run starts from: trained weights (--init, or a weights file given as --config)
+// or a config's random weights.
+Model starting_model(TrainArgs& a, Device device) {
+  if (a.init.empty() && holds_weights(a.config)) {
+    std::cerr << "relpos: " << a.config << " holds trained weights: fine-tuning from them (as --init " << a.config
+              << "); for random weights give an architecture config\n";
+    a.init = a.config;
+    a.config.clear();
+  }
+  if (a.init.empty()) return Model::create(a.config, a.init_seed);
+  a.opt.init = a.init;
+  a.opt.init_config = a.config;
+  LoadOptions lo;
+  lo.config = a.config;
+  lo.device = device;
+  return Model::open(a.init, lo);
+}
 
 void run(TrainArgs a) {
   // first: under mpirun this joins MPI and picks this process's GPU before any CUDA work
@@ -57,12 +76,16 @@ void run(TrainArgs a) {
   if (a.no_flip) a.opt.augment.hflip = false;
   if (rank0) a.opt.on_event = TrainProgress(a.quiet);
   if (a.no_eval) a.opt.eval_each_epoch = false;
-  RELPOS_CHECK(!a.config.empty() || !a.resume.empty(), "give --config (a new run) or --resume (a checkpoint)");
-  Model model = a.resume.empty() ? Model::create(a.config, a.init_seed) : load_checkpoint_model(a.resume);
+  if (a.ema && a.opt.ema_decay <= 0.0f) a.opt.ema_decay = 0.9998f;  // timm's default
+  if (!a.resume.empty() && a.lr_given) a.opt.extend_lr = a.opt.lr;  // the extension's starting rate
+  RELPOS_CHECK(!a.config.empty() || !a.resume.empty() || !a.init.empty(),
+               "give --config (a new run), --init (fine-tuning) or --resume (a checkpoint)");
+  Model model = a.resume.empty() ? starting_model(a, device) : load_checkpoint_model(a.resume);
   model.to(device);
   if (rank0 && a.resume.empty())
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
-              << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters) on " << a.opt.data << ", "
+              << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters"
+              << (a.init.empty() ? "" : ", from " + a.init) << ") on " << a.opt.data << ", "
               << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch
               << (procs.size > 1 ? " per process" : "") << ", " << to_string(a.opt.optimizer.kind) << " lr "
               << shortest(a.opt.lr) << ", " << threads_in_use() << " threads, " << to_string(device)
@@ -94,12 +117,39 @@ void run(TrainArgs a) {
   if (!r.history.empty()) {
     const EpochLog& last = r.history.back();
     std::cerr << std::fixed << std::setprecision(2) << "relpos: done in " << r.seconds / 60.0 << " min";
-    if (last.test_acc >= 0) std::cerr << "; test accuracy " << 100 * last.test_acc << "%";
+    if (r.best_epoch > 0) {
+      std::cerr << "; best epoch " << r.best_epoch << " by validation (val accuracy " << 100 * r.best_val_acc << "%)";
+      if (r.test_acc >= 0) std::cerr << ", test accuracy " << 100 * r.test_acc << "% on it";
+    } else if (last.test_acc >= 0) {
+      std::cerr << "; test accuracy " << 100 * last.test_acc << "%";
+    }
     const std::string dir = out.empty() ? "." : out;
-    std::cerr << "; wrote " << dir << "/model.json, log.csv"
-              << (std::filesystem::exists(dir + "/curves.png") ? ", curves.png" : "") << "\n";
+    std::cerr << "; wrote " << dir << "/model.json" << (r.best_epoch > 0 ? " (the best epoch), best.safetensors" : "")
+              << ", log.csv" << (std::filesystem::exists(dir + "/curves.png") ? ", curves.png" : "") << "\n";
   }
   if (!r.saved.empty()) std::cerr << "relpos: saved " << r.saved << "\n";
+}
+
+// A resumed run follows its checkpoint's recipe: a flag that would change it is an error, not
+// silently ignored.
+void check_resume_flags(const CLI::App& sub, bool epochs_given) {
+  static const std::set<std::string> how = {"resume",    "epochs",           "save",         "workers",   "threads",
+                                            "device",    "quiet",            "max-steps",    "checkpoint-every",
+                                            "max-model-gb", "bucket-mb",     "help"};
+  for (const CLI::Option* o : sub.get_options()) {
+    if (o->count() == 0) continue;
+    const auto& names = o->get_lnames();
+    const std::string name = names.empty() ? o->get_name() : names.front();
+    if (how.count(name)) continue;
+    if (name == "lr" || name == "extend") {
+      RELPOS_USAGE_CHECK(epochs_given, "--" << name << " with --resume says how an extended run's learning rate goes "
+                                                      "on; give it with --epochs N");
+      continue;
+    }
+    RELPOS_USAGE_CHECK(false, "--" << name << " cannot change a resumed run: its options come from the checkpoint "
+                                            "(with --resume: --epochs, --lr and --extend to extend it, --save, --workers, "
+                                            "--threads, --device, --max-steps, --checkpoint-every, --bucket-mb, -q)");
+  }
 }
 
 }  // namespace
@@ -107,8 +157,14 @@ void run(TrainArgs a) {
 void register_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand("train", "Train a model (Fashion-MNIST or a folder of class folders)");
-  sub->add_option("-c,--config", a->config, "Model config (path or shipped name)");
-  sub->add_option("--resume", a->resume, "Continue from a checkpoint (its options are used; --epochs extends the run)");
+  sub->add_option("-c,--config", a->config,
+                  "Model config (path or shipped name); with --init, the architecture of a timm checkpoint");
+  sub->add_option("--init", a->init,
+                  "Fine-tune: start from these weights (relpos JSON or safetensors, a training checkpoint, or a timm "
+                  "checkpoint with --config); the classes come from the data (a new classifier when they differ)");
+  sub->add_option("--resume", a->resume,
+                  "Continue from a checkpoint (its options are used; --epochs extends the run, --lr and --extend say "
+                  "how its learning rate goes on)");
   sub->add_option("--data", a->opt.data, "fashion-mnist, or a folder with train/ and test/ of class folders")
       ->capture_default_str();
   sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(CLI::PositiveNumber)->capture_default_str();
@@ -147,10 +203,25 @@ void register_train(CLI::App& app) {
                   "all-reduce after it)")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  sub->add_flag("--no-eval", a->no_eval, "Skip the test-set evaluation after each epoch");
+  sub->add_flag("--no-eval", a->no_eval, "Do not score the test set (after each epoch, or at the end with validation)");
+  sub->add_option("--val-split", a->opt.val_split,
+                  "Hold out this fraction of each training class (seeded) for validation: model selection on it, "
+                  "best.safetensors, the test set scored once at the end (a val/ folder does the same)")
+      ->check(CLI::Range(0.0, 0.9));
+  sub->add_flag("--ema", a->ema, "Keep an EMA of the weights (decay 0.9998, timm's ModelEmaV2); it is evaluated and saved");
+  sub->add_option("--ema-decay", a->opt.ema_decay, "EMA decay (implies --ema)")->check(CLI::Range(0.0, 0.999999));
+  sub->add_option("--clip-grad", a->opt.clip_grad, "Clip the global gradient L2 norm to this (0: off)")
+      ->check(CLI::Range(0.0, 1e9));
+  sub->add_option("--extend", a->opt.extend,
+                  "With --resume --epochs N: the learning rate goes on as a new cosine from where it stands (or from "
+                  "--lr) down to --min-lr, or stays constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->capture_default_str();
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
   sub->callback([a, sub] {
     a->epochs_given = sub->count("--epochs") > 0;
+    a->lr_given = sub->count("--lr") > 0;
+    if (!a->resume.empty()) check_resume_flags(*sub, a->epochs_given);
     run(*a);
   });
 }

@@ -26,6 +26,9 @@ void TrainProgress::operator()(const TrainEvent& e) {
       std::ostringstream os;
       os << std::fixed << "epoch " << l.epoch << "/" << e.epochs << ": train loss " << std::setprecision(4)
          << l.train_loss << ", acc " << std::setprecision(2) << 100 * l.train_acc << "%";
+      if (l.val_acc >= 0)
+        os << ", val loss " << std::setprecision(4) << l.val_loss << ", val acc " << std::setprecision(2) << 100 * l.val_acc
+           << "%";
       if (l.test_acc >= 0)
         os << ", test loss " << std::setprecision(4) << l.test_loss << ", test acc " << std::setprecision(2)
            << 100 * l.test_acc << "%";
@@ -35,7 +38,7 @@ void TrainProgress::operator()(const TrainEvent& e) {
     }
     case TrainEvent::Kind::Message:
       end_line();
-      std::cerr << "relpos: warning: " << e.message << "\n";
+      std::cerr << (e.warning ? "relpos: warning: " : "relpos: ") << e.message << "\n";
       break;
   }
 }

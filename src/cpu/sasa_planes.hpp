@@ -1,0 +1,70 @@
+// Internal: the planar form of SASA local attention on the CPU (src/cpu/sasa_attention.cpp).
+//
+// The op's input is channels-last, where a pixel's channels are contiguous and a window's dot
+// products are short (dqk = 8 in sasa_resnet26's first stage). The kernels instead vectorise over
+// 8 neighbouring query pixels of a row: each channel is a plane of Hp x Wp floats, zero-padded by
+// r = k/2 on every side, so the key of window offset (a, b) for the 8 queries at (y, x0..x0+7) is
+// the 8 contiguous floats at padded (y + a, x0 + b) of every key plane. A window's logits for 8
+// queries are then k*k vector multiply-adds per channel, with no horizontal sums, and the borders
+// are masked lane by lane. The kernels are compiled twice (sasa_simd_generic.cpp and, with AVX2
+// and FMA, sasa_simd_avx2.cpp); sasa_kernels() picks the one this CPU runs.
+#pragma once
+
+#include <cstdint>
+
+namespace relpos::cpu::sasa {
+
+// Vector lanes: query pixels of a row handled together.
+constexpr int kLanes = 8;
+
+struct Planes {
+  int H = 0, W = 0;    // the feature map
+  int r = 0, k = 0;    // window radius and size (k = 2r + 1)
+  int Wv = 0;          // W rounded up to a multiple of kLanes
+  int Hp = 0, Wp = 0;  // padded plane: Hp = H + 2r, Wp = Wv + 2r
+  int heads = 0, dqk = 0, dv = 0, half = 0;
+  float s = 1.0f;                  // logit scale
+  const float* r_row = nullptr;    // (k, half): acts on q[:half]
+  const float* r_col = nullptr;    // (k, half): acts on q[half:]
+  std::int64_t plane() const { return static_cast<std::int64_t>(Hp) * Wp; }
+  int channels() const { return 2 * heads * dqk + heads * dv; }  // q, k, v planes of one image
+  // Padded plane index of pixel (y, x) of the map.
+  std::int64_t at(int y, int x) const { return static_cast<std::int64_t>(y + r) * Wp + x + r; }
+};
+
+// Scratch floats one thread needs for either kernel.
+std::int64_t scratch_floats(const Planes& p);
+
+struct Kernels {
+  // Padded row py (0 <= py < Hp) of an image's C planes from its channels-last pixels `img`
+  // (H * W * C floats); with zero_pads, rows and columns outside the map become 0 (else they are
+  // left as they are).
+  void (*spread_row)(const Planes& p, const float* img, std::int64_t C, float* planes, int py, bool zero_pads);
+  // Row y of the map from C planes back into channels-last pixels `img`.
+  void (*gather_row)(const Planes& p, const float* planes, std::int64_t C, float* img, int y);
+  // One row y of one head h of one image: `qkv` holds the image's q, k and v planes (channels()
+  // planes); writes the output of the row into `out` (the image's channels-last output, heads*dv
+  // channels per pixel) and, when `probs` is given, the probabilities into it (the image's
+  // (H, W, heads, k*k) block, zero where masked).
+  void (*forward_row)(const Planes& p, const float* qkv, int h, int y, float* out, float* probs, float* scratch);
+  // The gradients of one head h of one image. `qkv`: the image's planes; `dout`: the output
+  // gradient as heads*dv planes; `probs`: the saved (H, W, heads, k*k) block. Adds d q, d k and
+  // d v into `dqkv` (channels() planes, zero on entry for this head; padding collects what falls
+  // outside the map) and writes this head's embedding gradients, d r_row then d r_col
+  // (2 * k * half floats), into `dr`.
+  void (*backward_head)(const Planes& p, const float* qkv, const float* dout, const float* probs, int h, float* dqkv,
+                        float* dr, float* scratch);
+  const char* name;
+};
+
+// The kernels for this CPU (AVX2 + FMA when it has them, else the generic build).
+const Kernels& kernels();
+
+namespace generic {
+extern const Kernels kKernels;
+}
+namespace avx2 {
+extern const Kernels kKernels;
+}
+
+}  // namespace relpos::cpu::sasa
