@@ -14,6 +14,7 @@ packages=(
   libopencv-dev          # image decoding, resizing, drawing
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   doctest-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N relpos train); optional for the build
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
 )
 [ "${RELPOS_WITH_FUZZ:-0}" = 1 ] && packages+=(clang)

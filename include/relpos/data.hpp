@@ -100,6 +100,11 @@ class DataLoader {
     std::uint64_t seed = 0;
     int workers = 2;
     int prefetch = 4;
+    // Data-parallel training: the epoch's order is cut into global batches of batch x shards
+    // images, and this loader yields part `shard` (0-based) of each; batches_per_epoch() counts the
+    // global batches. Every shard sees the same order, so shards 0..shards-1 of a batch together
+    // hold the images (and augmentations) that one loader with batch x shards would.
+    int shards = 1, shard = 0;
   };
   DataLoader(const Dataset& data, const Preprocess& pre, Options options);
   ~DataLoader();

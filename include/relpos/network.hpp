@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,8 +64,10 @@ class Network {
 
   // Training mode (batch statistics, running stats updated); forward saves what backward needs.
   Tensor forward(const Tensor& x);
-  // Sets every parameter's gradient from d loss / d logits.
-  void backward(const Tensor& dlogits);
+  // Sets every parameter's gradient from d loss / d logits. With `ready`, calls ready(first) as soon
+  // as the gradients of params()[first..] are final (after the head, each block and the stem,
+  // `first` falling to 0): data-parallel training sends them while the backward goes on.
+  void backward(const Tensor& dlogits, const std::function<void(std::size_t first)>& ready = {});
   void release_saved();
 
   std::vector<LayerRow> summarize(int batch = 1) const;

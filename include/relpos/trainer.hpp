@@ -9,6 +9,9 @@
 //   model.json              the trained weights with labels and preprocessing (relpos weights JSON):
 //                           the best epoch's by validation when there is validation, else the last
 //                           epoch's; the EMA weights when EMA is on
+// Started by mpirun (relpos built with MPI), train() runs data-parallel over the processes: each
+// trains on its shard of every global batch of processes x batch images, gradients are averaged,
+// and rank 0 writes the files above (docs/distributed.md).
 #pragma once
 
 #include <atomic>
@@ -88,6 +91,11 @@ struct TrainOptions {
   // A checkpoint is also written inside an epoch once this many minutes have passed since the last
   // one (0: at epoch ends only), so a killed run loses at most that much work.
   double checkpoint_minutes = 2.0;
+  // Data parallelism (see train_processes): `batch` is each process's share of the global batch.
+  int processes = 1;      // set by train() to the processes of the run; a checkpoint resumes with as many
+  bool sync_bn = false;   // batch norm normalises with the statistics of the global batch
+  double bucket_mb = 4.0; // MiB of gradients per all-reduce, sent while the backward goes on
+                          // (0: one all-reduce after the backward); how to run, not the recipe
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
@@ -116,6 +124,18 @@ struct TrainResult {
 // interrupted = true.
 TrainResult train(Model& model, const TrainOptions& options, const std::string& resume = "",
                   const std::atomic<bool>* stop = nullptr, int resume_epochs = 0);
+// The processes of this run. A process started alone is the only one (rank 0 of 1). One that an
+// MPI launcher started (mpirun -np N; relpos built with MPI) joins MPI on the first call, and, when
+// its machine has several GPUs, takes GPU (local rank mod GPUs): call this before moving a model to
+// the GPU. Built without MPI, `mpi` is false and train() refuses a launch of several processes.
+struct TrainProcesses {
+  int rank = 0, size = 1;
+  bool mpi = false;       // relpos was built with MPI
+  bool launched = false;  // an MPI launcher started this process
+  bool nccl = false;      // GPU gradients are all-reduced with NCCL (else through MPI on the host)
+};
+TrainProcesses train_processes();
+
 // The model a checkpoint holds (config, weights, labels, preprocessing): the EMA weights when the
 // run kept an EMA (what it evaluated), else the trained weights.
 Model load_checkpoint_model(const std::string& checkpoint);

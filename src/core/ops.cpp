@@ -2,6 +2,7 @@
 // inputs.
 #include <initializer_list>
 
+#include "core/batchnorm_sync.hpp"
 #include "core/dispatch.hpp"
 #include "io/json_reader.hpp"
 
@@ -39,10 +40,17 @@ Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Act act, BatchStats& stats) {
   same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var});
+  if (detail::BatchNormSync* sync = detail::batchnorm_sync())
+    return detail::synced_batchnorm_train(*sync, x, gamma, beta, running_mean, running_var, eps, momentum, act, stats);
   RELPOS_DISPATCH(x, batchnorm_train, x, gamma, beta, running_mean, running_var, eps, momentum, act, stats);
 }
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats, const Tensor& dy) {
   same_device("batch norm backward", x, {&gamma, &dy});
+  if (stats.global_count > 0) {
+    detail::BatchNormSync* sync = detail::batchnorm_sync();
+    RELPOS_CHECK(sync, "batch norm backward: the forward was synchronised across processes, the backward is not");
+    return detail::synced_batchnorm_backward(*sync, x, gamma, stats, dy);
+  }
   RELPOS_DISPATCH(x, batchnorm_backward, x, gamma, stats, dy);
 }
 Tensor activation(const Tensor& x, Act act) { RELPOS_DISPATCH(x, activation, x, act); }

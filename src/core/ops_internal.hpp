@@ -18,6 +18,8 @@ struct BatchStats {  // what the backward needs; each backend fills what it uses
   Act act = Act::None;
   Tensor aux;      // the activation's saved state: oneDNN's fused-ReLU workspace, or the
                    // pre-activation output
+  std::int64_t global_count = 0;  // synchronised batch norm (core/batchnorm_sync.hpp): values per
+                                  // channel over every process; 0: this batch's own statistics
 };
 
 

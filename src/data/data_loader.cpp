@@ -117,6 +117,8 @@ std::size_t DataLoader::skipped() const { return impl_->skipped_count_.load(); }
 DataLoader::Impl::Impl(const Dataset& data, const Preprocess& pre, Options options)
     : data_(data), pre_(pre), opt_(options), bad_(new std::atomic<bool>[data.size()]) {
   RELPOS_CHECK(opt_.batch >= 1, "batch size must be at least 1");
+  RELPOS_CHECK(opt_.shards >= 1 && opt_.shard >= 0 && opt_.shard < opt_.shards,
+               "data loader: shard " << opt_.shard << " of " << opt_.shards);
   RELPOS_CHECK(data.size() > 0, "the dataset is empty");
   for (std::size_t i = 0; i < data.size(); ++i) bad_[i] = false;
   for (int k = 0; k < 3; ++k) fill_[static_cast<std::size_t>(k)] = (0.0f - pre_.mean[static_cast<std::size_t>(k)]) / pre_.std[static_cast<std::size_t>(k)];
@@ -135,7 +137,7 @@ void DataLoader::Impl::stop() {
 }
 
 std::size_t DataLoader::Impl::batches_per_epoch() const {
-  const std::size_t n = data_.size(), b = static_cast<std::size_t>(opt_.batch);
+  const std::size_t n = data_.size(), b = static_cast<std::size_t>(opt_.batch) * static_cast<std::size_t>(opt_.shards);
   return opt_.drop_last && n >= b ? n / b : (n + b - 1) / b;
 }
 
@@ -158,8 +160,11 @@ void DataLoader::Impl::start_epoch(int epoch, std::size_t start_batch) {
 }
 
 Batch DataLoader::Impl::make(std::size_t index, const std::vector<std::size_t>& order, int epoch) {
-  const std::size_t b = static_cast<std::size_t>(opt_.batch);
-  const std::size_t begin = index * b, end = std::min(order.size(), begin + b);
+  // this shard's part of the global batch `index`
+  const std::size_t b = static_cast<std::size_t>(opt_.batch), global = b * static_cast<std::size_t>(opt_.shards);
+  const std::size_t global_end = std::min(order.size(), (index + 1) * global);
+  const std::size_t begin = std::min(global_end, index * global + static_cast<std::size_t>(opt_.shard) * b);
+  const std::size_t end = std::min(global_end, begin + b);
   const int c = pre_.in_chans();
   const std::size_t per = static_cast<std::size_t>(pre_.height) * pre_.width * c;
   std::vector<float> pixels;

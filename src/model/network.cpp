@@ -16,6 +16,9 @@ struct Network::Impl {
   std::vector<std::vector<std::string>> block_names;  // "stages.I.J", for per-layer profiling
   const std::string stem_name = "stem", head_name = "head";
   std::vector<ParamRef> params;
+  // where each block's and the head's parameters start in params (the stem's start at 0)
+  std::vector<std::vector<std::size_t>> block_first;
+  std::size_t head_first = 0;
   Device device = Device::CPU;
   bool prepared = false;
 
@@ -89,9 +92,13 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
   m.head = std::make_unique<ClassifierHead>(prev, config.num_classes);
 
   m.stem->collect("stem.", m.params);
+  m.block_first.resize(m.stages.size());
   for (std::size_t i = 0; i < m.stages.size(); ++i)
-    for (std::size_t j = 0; j < m.stages[i].size(); ++j)
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j) {
+      m.block_first[i].push_back(m.params.size());
       m.stages[i][j]->collect("stages." + std::to_string(i) + "." + std::to_string(j) + ".", m.params);
+    }
+  m.head_first = m.params.size();
   m.head->collect("head.", m.params);
 
   if (initialize) {
@@ -209,20 +216,27 @@ Tensor Network::forward(const Tensor& x) {
   return m.head->forward(h);
 }
 
-void Network::backward(const Tensor& dlogits) {
+void Network::backward(const Tensor& dlogits, const std::function<void(std::size_t first)>& ready) {
   Impl& m = *impl_;
   Tensor d;
   {
     detail::ScopedLayer layer(m.head_name);
     d = m.head->backward(dlogits);
   }
+  if (ready) ready(m.head_first);
   for (std::size_t i = m.stages.size(); i-- > 0;)
     for (std::size_t j = m.stages[i].size(); j-- > 0;) {
-      detail::ScopedLayer layer(m.block_names[i][j]);
-      d = m.stages[i][j]->backward(d);
+      {
+        detail::ScopedLayer layer(m.block_names[i][j]);
+        d = m.stages[i][j]->backward(d);
+      }
+      if (ready) ready(m.block_first[i][j]);
     }
-  detail::ScopedLayer layer(m.stem_name);
-  m.stem->backward(d);
+  {
+    detail::ScopedLayer layer(m.stem_name);
+    m.stem->backward(d);
+  }
+  if (ready) ready(0);
 }
 
 void Network::release_saved() {

@@ -53,6 +53,9 @@ void each_option(Options& o, F&& f) {
   f("save", o.save);
   f("max_steps", o.max_steps);
   f("checkpoint_minutes", o.checkpoint_minutes);
+  f("processes", o.processes);
+  f("sync_bn", o.sync_bn);
+  f("bucket_mb", o.bucket_mb);
 }
 
 struct Writer {

@@ -18,6 +18,7 @@
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "train/checkpoint.hpp"
+#include "train/data_parallel.hpp"
 #include "train/grad_clip.hpp"
 #include "train/lr_plan.hpp"
 #include "train/plots.hpp"
@@ -111,6 +112,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
 TrainResult train(Model& model, const TrainOptions& options, const std::string& resume, const std::atomic<bool>* stop,
                   int resume_epochs) {
   TrainOptions opts = options;
+  detail::DataParallel dp;  // the processes of this run (one, or those mpirun started)
   detail::TrainProgress prog;
   std::optional<detail::Checkpoint> ck;
   if (!resume.empty()) {
@@ -123,6 +125,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.workers = options.workers;
     opts.max_steps = options.max_steps;
     opts.checkpoint_minutes = options.checkpoint_minutes;
+    opts.bucket_mb = options.bucket_mb;
+    dp.check_resume(opts.processes, resume);
     if (!options.save.empty()) opts.save = options.save;  // else where the run was told to save
     opts.extend = options.extend;
     opts.extend_lr = options.extend_lr;
@@ -136,24 +140,28 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     if (opts.out.empty()) opts.out = ".";
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
+  opts.processes = dp.size();
   // Every output path is checked before any work, so a run never fails at its end for a bad path.
+  // Rank 0 alone writes (checkpoint, log, curves, model).
   std::error_code ec;
-  fs::create_directories(opts.out, ec);
-  RELPOS_CHECK(!ec && fs::is_directory(opts.out), opts.out << ": cannot create the output folder ("
-                                                           << (ec ? ec.message() : "not a folder") << ")");
-  check_writable_folder(opts.out, "the output folder");
-  if (!opts.save.empty()) {
-    const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
-    RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");
-    RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
-    check_writable_folder(parent.string(), "the folder of the model file");
-  }
-  // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
-  for (const auto& e : fs::directory_iterator(opts.out)) {
-    const std::string name = e.path().filename().string();
-    for (const char* f : {"checkpoint.safetensors.tmp.", "best.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.",
-                          "curves.png.tmp."})
-      if (name.rfind(f, 0) == 0) fs::remove(e.path());
+  if (dp.writer()) {
+    fs::create_directories(opts.out, ec);
+    RELPOS_CHECK(!ec && fs::is_directory(opts.out), opts.out << ": cannot create the output folder ("
+                                                             << (ec ? ec.message() : "not a folder") << ")");
+    check_writable_folder(opts.out, "the output folder");
+    if (!opts.save.empty()) {
+      const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
+      RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");
+      RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
+      check_writable_folder(parent.string(), "the folder of the model file");
+    }
+    // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
+    for (const auto& e : fs::directory_iterator(opts.out)) {
+      const std::string name = e.path().filename().string();
+      for (const char* f : {"checkpoint.safetensors.tmp.", "best.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.",
+                            "curves.png.tmp."})
+        if (name.rfind(f, 0) == 0) fs::remove(e.path());
+    }
   }
   const std::string ckpt_path = (fs::path(opts.out) / "checkpoint.safetensors").string();
   const std::string best_path = (fs::path(opts.out) / "best.safetensors").string();
@@ -222,11 +230,16 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
 
   Optimizer optimizer(opts.optimizer, net.params());
   if (ck) optimizer.load_state(ck->optimizer_state, ck->optimizer_steps);
+  dp.start(net, optimizer, opts);
   DataLoader::Options lo;
   lo.batch = opts.batch;
   lo.augment = opts.augment;
   lo.seed = opts.seed;
   lo.workers = opts.workers;
+  dp.shard(lo);
+  RELPOS_CHECK(train_data->size() >= static_cast<std::size_t>(opts.batch) * static_cast<std::size_t>(dp.size()),
+               opts.data << ": " << train_data->size() << " training images, fewer than one global batch ("
+                         << dp.size() << " x " << opts.batch << ")");
   DataLoader loader(*train_data, model.preprocess(), lo);
   const std::size_t per_epoch = loader.batches_per_epoch();
   // The schedule the run was planned with, then its extensions (docs/training.md).
@@ -255,7 +268,14 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   auto last_save = Clock::now();
   auto save = [&] {
     prog.run_seconds = run_before + seconds_since(run_start);
-    detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog, ema ? &*ema : nullptr);
+    const std::string drift = dp.synchronize_state();
+    if (!drift.empty()) {
+      TrainEvent ev;
+      ev.kind = TrainEvent::Kind::Message;
+      ev.message = drift;
+      report(ev);
+    }
+    if (dp.writer()) detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog, ema ? &*ema : nullptr);
     result.checkpoint = ckpt_path;
     ++result.checkpoints;
     last_save = Clock::now();
@@ -276,19 +296,28 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       const ops::CrossEntropy ce = ops::cross_entropy(logits, b.labels, opts.label_smoothing);
       RELPOS_CHECK(std::isfinite(ce.loss), "the loss became " << ce.loss << " at step " << prog.step
                                                               << " (learning rate too high?)");
-      net.backward(ce.dlogits);
+      net.backward(ce.dlogits, dp.gradient_hook());
+      dp.finish_gradients();
       if (opts.clip_grad > 0.0f) detail::clip_grad_norm(net.params(), opts.clip_grad);
       optimizer.step(lr);
       if (ema) ema->update(net);
       const Tensor host = logits.to(Device::CPU);
+      // this step's counts, and whether to stop or checkpoint: summed over the processes, so that
+      // every one keeps the same progress and takes the same decisions
+      double step[5] = {ce.loss * static_cast<double>(b.labels.size()), 0.0, static_cast<double>(b.labels.size()),
+                        stop && stop->load() ? 1.0 : 0.0,
+                        seconds_since(last_save) >= 60.0 * opts.checkpoint_minutes ? 1.0 : 0.0};
       for (std::size_t i = 0; i < b.labels.size(); ++i)
-        prog.correct += argmax(host.data() + i * static_cast<std::size_t>(classes), classes) == b.labels[i];
-      prog.loss_sum += ce.loss * static_cast<double>(b.labels.size());
-      prog.seen += static_cast<double>(b.labels.size());
+        step[1] += argmax(host.data() + i * static_cast<std::size_t>(classes), classes) == b.labels[i];
+      dp.sum(step, 5);
+      prog.loss_sum += step[0];
+      prog.correct += step[1];
+      prog.seen += step[2];
+      const bool stop_asked = step[3] > 0, checkpoint_due = step[4] > 0;
       ++prog.step;
       ++prog.batch_in_epoch;
       ++done_now;
-      result.images += static_cast<double>(b.labels.size());
+      result.images += step[2];
       prog.seconds = epoch_before + seconds_since(epoch_start);
       result.step_seconds = train_seconds + (prog.seconds - epoch_before);
       const double img_s = (prog.seen - seen_before) / std::max(1e-9, prog.seconds - epoch_before);
@@ -305,19 +334,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       ev.eta_epoch = left_epoch;
       ev.eta_run = left_run;
       report(ev);
-      const bool stop_now = (stop && stop->load()) || (opts.max_steps > 0 && prog.step >= opts.max_steps);
+      const bool stop_now = stop_asked || (opts.max_steps > 0 && prog.step >= opts.max_steps);
       if (stop_now) {
         net.release_saved();
         net.prepare_inference();
         save();
-        result.interrupted = stop && stop->load();
+        result.interrupted = stop_asked;
         result.history = prog.history;
         result.seconds = seconds_since(run_start);
         return result;
       }
       // Inside an epoch, a checkpoint every checkpoint_minutes (resuming from it is exact, as after Ctrl-C).
-      if (opts.checkpoint_minutes > 0 && prog.batch_in_epoch < per_epoch &&
-          seconds_since(last_save) >= 60.0 * opts.checkpoint_minutes) {
+      if (opts.checkpoint_minutes > 0 && prog.batch_in_epoch < per_epoch && checkpoint_due) {
         net.release_saved();
         save();
       }
@@ -332,13 +360,14 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     e.train_acc = prog.correct / std::max(1.0, prog.seen);
     e.seconds = prog.seconds;
     e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
+    dp.synchronize_state();  // one model on every process (the checkpoint below checks again)
     const Model& scored = scored_model();
     if (val_data) {
-      const EvalResult ev = evaluate(scored, *val_data, opts.eval_batch);
+      const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);
       e.val_loss = ev.loss;
       e.val_acc = ev.top1;
     } else if (test_data) {
-      const EvalResult ev = evaluate(scored, *test_data, opts.eval_batch);
+      const EvalResult ev = dp.evaluate(scored, *test_data, opts.eval_batch);
       e.test_loss = ev.loss;
       e.test_acc = ev.top1;
     }
@@ -359,6 +388,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     prog.batch_in_epoch = 0;
     prog.loss_sum = prog.correct = prog.seen = prog.seconds = 0.0;
     save();
+    if (!dp.writer()) continue;
     if (best) copy_atomically(ckpt_path, best_path);  // the best epoch's checkpoint, beside the last
     write_csv((fs::path(opts.out) / "log.csv").string(), prog.history);
     try {  // a picture is not worth failing a run for
@@ -371,6 +401,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     }
   }
   result.checkpoint = ckpt_path;  // also when a finished run was resumed without more epochs
+  if (!dp.writer()) {  // the other processes are done: rank 0 writes the model (and scores the test set once)
+    result.history = prog.history;
+    result.seconds = seconds_since(run_start);
+    return result;
+  }
   // model.json (and --save): the best epoch by validation, else the last; the EMA when on.
   std::optional<Model> best_model;
   const Model* final_model = &scored_model();

@@ -28,6 +28,16 @@ extern "C" void on_signal(int) {
   (void)ignored;
 }
 
+// ", 2 processes (global batch 2 x 64), sync-BN, MPI" for a data-parallel run, else "".
+// (A resumed run takes its batch and sync-BN from the checkpoint: neither is shown then.)
+std::string processes_text(const TrainProcesses& p, const TrainOptions& o, Device device, bool resumed) {
+  if (p.size == 1 && !p.launched) return "";
+  std::string s = ", " + std::to_string(p.size) + (p.size == 1 ? " process" : " processes");
+  if (p.size > 1 && !resumed) s += " (global batch " + std::to_string(p.size) + " x " + std::to_string(o.batch) + ")";
+  if (o.sync_bn && !resumed) s += ", sync-BN";
+  return s + (p.nccl && device == Device::CUDA ? " (NCCL)" : " (MPI)");
+}
+
 struct TrainArgs {
   std::string config, resume, init;
   bool epochs_given = false, lr_given = false, ema = false;
@@ -56,9 +66,15 @@ Model starting_model(TrainArgs& a, Device device) {
 }
 
 void run(TrainArgs a) {
+  // first: under mpirun this joins MPI and picks this process's GPU before any CUDA work
+  const TrainProcesses procs = train_processes();
+  RELPOS_CHECK(procs.mpi || (procs.size == 1 && !a.opt.sync_bn),
+               "this relpos was built without MPI, so data-parallel training (mpirun -np N relpos train, "
+               "--sync-bn) is not available; rebuild it with MPI (docs/distributed.md)");
+  const bool rank0 = procs.rank == 0;  // the others train quietly
   const Device device = a.run.apply();
   if (a.no_flip) a.opt.augment.hflip = false;
-  a.opt.on_event = TrainProgress(a.quiet);
+  if (rank0) a.opt.on_event = TrainProgress(a.quiet);
   if (a.no_eval) a.opt.eval_each_epoch = false;
   if (a.ema && a.opt.ema_decay <= 0.0f) a.opt.ema_decay = 0.9998f;  // timm's default
   if (!a.resume.empty() && a.lr_given) a.opt.extend_lr = a.opt.lr;  // the extension's starting rate
@@ -66,26 +82,30 @@ void run(TrainArgs a) {
                "give --config (a new run), --init (fine-tuning) or --resume (a checkpoint)");
   Model model = a.resume.empty() ? starting_model(a, device) : load_checkpoint_model(a.resume);
   model.to(device);
-  if (a.resume.empty())
+  if (rank0 && a.resume.empty())
     std::cerr << "relpos: training " << model.network().config().name << " (" << std::fixed << std::setprecision(2)
               << static_cast<double>(model.network().num_params()) / 1e6 << " M parameters"
               << (a.init.empty() ? "" : ", from " + a.init) << ") on " << a.opt.data << ", "
-              << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch << ", "
-              << to_string(a.opt.optimizer.kind) << " lr " << shortest(a.opt.lr)
-              << ", " << threads_in_use() << " threads, " << to_string(device) << "; writing " << a.opt.out << "/\n";
-  else
-    std::cerr << "relpos: resuming " << a.resume << "\n";
+              << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch
+              << (procs.size > 1 ? " per process" : "") << ", " << to_string(a.opt.optimizer.kind) << " lr "
+              << shortest(a.opt.lr) << ", " << threads_in_use() << " threads, " << to_string(device)
+              << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
+  else if (rank0)
+    std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const TrainResult r = train(model, a.opt, a.resume, &g_stop, a.epochs_given ? a.opt.epochs : 0);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (r.interrupted) {
-    std::cerr << "relpos: interrupted; checkpoint saved to " << r.checkpoint << "\n  resume with: relpos train --resume "
-              << r.checkpoint << "\n";
+    if (rank0)
+      std::cerr << "relpos: interrupted; checkpoint saved to " << r.checkpoint
+                << "\n  resume with: " << (procs.size > 1 ? "mpirun -np " + std::to_string(procs.size) + " " : "")
+                << "relpos train --resume " << r.checkpoint << "\n";
     exit_status() = 130;
     return;
   }
+  if (!rank0) return;
   if (r.images > 0)
     std::cerr << std::fixed << std::setprecision(1) << "relpos: trained on " << count_text(static_cast<long>(r.images), "image") << " in "
               << r.step_seconds << " s of training steps (" << r.images / r.step_seconds << " img/s)\n";
@@ -113,8 +133,9 @@ void run(TrainArgs a) {
 // A resumed run follows its checkpoint's recipe: a flag that would change it is an error, not
 // silently ignored.
 void check_resume_flags(const CLI::App& sub, bool epochs_given) {
-  static const std::set<std::string> how = {"resume", "epochs",  "save",       "workers",          "threads", "device",
-                                            "quiet",  "max-steps", "checkpoint-every", "max-model-gb", "help"};
+  static const std::set<std::string> how = {"resume",    "epochs",           "save",         "workers",   "threads",
+                                            "device",    "quiet",            "max-steps",    "checkpoint-every",
+                                            "max-model-gb", "bucket-mb",     "help"};
   for (const CLI::Option* o : sub.get_options()) {
     if (o->count() == 0) continue;
     const auto& names = o->get_lnames();
@@ -127,7 +148,7 @@ void check_resume_flags(const CLI::App& sub, bool epochs_given) {
     }
     RELPOS_USAGE_CHECK(false, "--" << name << " cannot change a resumed run: its options come from the checkpoint "
                                             "(with --resume: --epochs, --lr and --extend to extend it, --save, --workers, "
-                                            "--threads, --device, --max-steps, --checkpoint-every, -q)");
+                                            "--threads, --device, --max-steps, --checkpoint-every, --bucket-mb, -q)");
   }
 }
 
@@ -173,6 +194,13 @@ void register_train(CLI::App& app) {
   sub->add_option("--checkpoint-every", a->opt.checkpoint_minutes,
                   "Minutes between checkpoints inside an epoch (0: at epoch ends only); a killed run loses at most "
                   "this much work")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  sub->add_flag("--sync-bn", a->opt.sync_bn,
+                "Data-parallel runs (mpirun -np N): batch norm uses the statistics of the global batch");
+  sub->add_option("--bucket-mb", a->opt.bucket_mb,
+                  "Data-parallel runs: MiB of gradients per all-reduce, overlapped with the backward (0: one "
+                  "all-reduce after it)")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   sub->add_flag("--no-eval", a->no_eval, "Do not score the test set (after each epoch, or at the end with validation)");

@@ -1,0 +1,126 @@
+// Data-parallel training under mpirun: 2 processes x batch 16 with --sync-bn reach the weights of
+// 1 process x batch 32, over TCP on loopback and over shared memory; the processes agree bit for
+// bit; a checkpoint resumes only with as many processes. Skipped (status 77) without MPI.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "relpos/safetensors.hpp"
+#include "relpos/trainer.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using relpos::test::TempDir;
+
+namespace {
+
+int sh(const std::string& script) {
+  const int st = std::system(("bash -c '" + script + "'").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Root is fine (CI runs as root); more processes than cores too; no pinning next to other tests.
+std::string mpirun(int n, const std::string& transport) {
+  return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(n) + " --mca pml ob1 " +
+         transport + " ";
+}
+const std::string kTcp = "--mca btl tcp,self --mca btl_tcp_if_include lo";
+// (no single-copy CMA: containers without ptrace rights reject it)
+const std::string kSharedMemory = "--mca btl vader,self --mca btl_vader_single_copy_mechanism none";
+
+std::string train_args(const TempDir& d, int batch, const std::string& out) {
+  return std::string(RELPOS_CLI_PATH) + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path +
+         "/data -b " + std::to_string(batch) + " --threads 1 --epochs 2 --max-steps 6 --seed 3 --lr 0.05 -q -o " + out;
+}
+
+std::map<std::string, std::vector<float>> weights(const std::string& checkpoint) {
+  std::map<std::string, std::vector<float>> w;
+  const relpos::SafetensorsFile f = relpos::SafetensorsFile::read(checkpoint);
+  for (const auto& e : f.entries())
+    if (e.name.rfind("model.", 0) == 0) w[e.name] = f.tensor(e.name).to_vector();
+  return w;
+}
+
+// Largest |a - b| over the largest |b|, tensor by tensor.
+double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                               const std::map<std::string, std::vector<float>>& b, std::string* worst) {
+  double most = 0.0;
+  for (const auto& [name, vb] : b) {
+    const auto it = a.find(name);
+    REQUIRE_MESSAGE(it != a.end(), name);
+    REQUIRE(it->second.size() == vb.size());
+    double diff = 0.0, scale = 1e-12;
+    for (std::size_t i = 0; i < vb.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(it->second[i] - vb[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(vb[i])));
+    }
+    if (diff / scale > most) {
+      most = diff / scale;
+      *worst = name;
+    }
+  }
+  return most;
+}
+
+bool can_run() {
+  if (!relpos::train_processes().mpi) {
+    MESSAGE("relpos was built without MPI: skipped");
+    return false;
+  }
+  if (sh("command -v mpirun > /dev/null") != 0) {
+    MESSAGE("no mpirun: skipped");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("2 processes x batch 16 with --sync-bn train as 1 process x batch 32, over TCP and shared memory") {
+  if (!can_run()) return;
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 43, 8);  // 129 images: 4 global batches of 32 an epoch
+  REQUIRE(sh(train_args(d, 32, d.path + "/one") + " > " + d.file("one.log") + " 2>&1") == 0);
+  const auto one = weights(d.path + "/one/checkpoint.safetensors");
+  for (const std::string& transport : {kTcp, kSharedMemory}) {
+    CAPTURE(transport);
+    const std::string out = d.path + "/two";
+    fs::remove_all(out);
+    // 6 steps: an epoch end on the way (sharded evaluation, checkpoint), then a stop inside epoch 2
+    const int status = sh(mpirun(2, transport) + train_args(d, 16, out) + " --sync-bn > " + d.file("two.log") + " 2>&1");
+    const std::string log = slurp(d.file("two.log"));
+    INFO(log);
+    REQUIRE(status == 0);
+    CHECK(log.find("disagreed") == std::string::npos);  // the processes' states are compared bit for bit at each checkpoint
+    CHECK(relpos::SafetensorsFile::read(out + "/checkpoint.safetensors").metadata().at("relpos.train_options").find(
+              "\"processes\":2") != std::string::npos);
+    std::string worst;
+    const double rel = max_relative_difference(weights(out + "/checkpoint.safetensors"), one, &worst);
+    MESSAGE("largest relative difference " << rel << " in " << worst);
+    CHECK(rel < 1e-4);
+  }
+  // the checkpoint of 2 processes: one process refuses it, 2 finish the run
+  const std::string ck = d.path + "/two/checkpoint.safetensors";
+  REQUIRE(sh(std::string(RELPOS_CLI_PATH) + " train --resume " + ck + " --threads 1 > " + d.file("bad.log") + " 2>&1") == 1);
+  CHECK(slurp(d.file("bad.log")).find("written by a run of 2 processes") != std::string::npos);
+  const int status = sh(mpirun(2, kSharedMemory) + std::string(RELPOS_CLI_PATH) + " train --resume " + ck +
+                        " --threads 1 -q > " + d.file("resume.log") + " 2>&1");
+  INFO(slurp(d.file("resume.log")));
+  CHECK(status == 0);
+  CHECK(fs::exists(d.path + "/two/model.json"));
+  const std::string csv = slurp(d.path + "/two/log.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 3);  // header and 2 epochs
+}
