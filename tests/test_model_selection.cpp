@@ -18,14 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<float> weights_of(const Model& m) {
-  std::vector<float> all;
-  for (const auto& p : m.network().params()) {
-    const auto v = p.value->to_vector();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
+using test::weights_of;
 
 TrainOptions quick(const std::string& data, const std::string& out, int epochs) {
   TrainOptions o;

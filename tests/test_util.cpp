@@ -201,4 +201,13 @@ bool make_fashion_mnist_folder(const std::string& root, const std::vector<int>& 
   return true;
 }
 
+std::vector<float> weights_of(const Model& m) {
+  std::vector<float> all;
+  for (const auto& p : m.network().params()) {
+    const auto v = p.value->to_vector();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
 }  // namespace relpos::test

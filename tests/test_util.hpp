@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/model.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
 
@@ -68,4 +69,6 @@ std::string tiny_rgb_config();  // tests/data/tiny_rgb_config.json
 // or by `folder_names`. False (nothing written) when the dataset is not installed.
 bool make_fashion_mnist_folder(const std::string& root, const std::vector<int>& classes, int per_class_train,
                                int per_class_test, const std::vector<std::string>& folder_names = {});
+// Every parameter of the model, in params() order, as one vector (to compare two models' weights).
+std::vector<float> weights_of(const Model& m);
 }  // namespace relpos::test
