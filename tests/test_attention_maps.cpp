@@ -161,7 +161,8 @@ TEST_CASE("query_terms: softmax(content + position) is the layer's probabilities
                                          : m.pos_w;
         op_rel[static_cast<std::size_t>(h)] = ops::rel_pos_logits(q, th, tw, 6, 6, m.bot.clip);
       }
-    for (const auto& [y, xq] : std::vector<std::pair<int, int>>{{0, 0}, {2, 3}, {5, 1}, {5, 5}}) {
+    for (const auto& query : std::vector<std::pair<int, int>>{{0, 0}, {2, 3}, {5, 1}, {5, 5}}) {
+      const int y = query.first, xq = query.second;  // not a structured binding: INFO captures them
       INFO("query " << y << "," << xq);
       const QueryTerms t = query_terms(m, y, xq, 1);
       CHECK(t.content.shape() == Shape({heads, keys}));

@@ -101,9 +101,10 @@ TEST_CASE("train --init and --config with a weights file start from the weights;
   test::TempDir d;
   test::make_pattern_dataset(d.path + "/data", 24, 8);
   Model trained = Model::create(test::tiny_rgb_config(), 7);
-  TrainOptions o = quick(d.path + "/data", d.path + "/first", 4);
+  TrainOptions o = quick(d.path + "/data", d.path + "/first", 8);
   train(trained, o);
   const double trained_acc = evaluate(trained, *open_dataset(d.path + "/data", "test")).top1;
+  MESSAGE("trained: " << trained_acc);
   REQUIRE(trained_acc > 0.8);
   const std::string weights = d.path + "/first/model.json";
 

@@ -90,7 +90,9 @@ TEST_CASE("tests/golden mirrors the shared golden files: tensor names, shapes an
       if (batch_dependent(e.name) && !a.empty() && !b.empty()) a[0] = b[0] = 0;
       CHECK_MESSAGE(a == b, e.name << ": " << to_string(own.entry(e.name).shape) << " vs " << to_string(e.shape));
     }
-    for (const auto& [key, value] : shared->metadata()) {
+    for (const auto& entry : shared->metadata()) {
+      const std::string& key = entry.first;  // not a structured binding: the CHECK macros capture it
+      const auto& value = entry.second;
       if (key == "what" || key == "notes" || key == "timm_cfg") continue;  // prose
       REQUIRE_MESSAGE(own.metadata().count(key), "metadata key " << key);
       CHECK_MESSAGE(own.metadata().at(key) == value, key << ": " << own.metadata().at(key) << " vs " << value);

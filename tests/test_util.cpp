@@ -117,6 +117,10 @@ TempDir::TempDir() {
   path = mkdtemp(tmpl.data());
 }
 TempDir::~TempDir() {
+  if (std::getenv("RELPOS_KEEP_TEST_DIRS")) {  // for debugging a failed test: look at what it wrote
+    std::fprintf(stderr, "kept %s\n", path.c_str());
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
 }

@@ -3,8 +3,8 @@
 # root, or through sudo) and builds everything in build/. Safe to run again: it only installs
 # what is missing and rebuilds what changed.
 #   RELPOS_CMAKE_ARGS="-DRELPOS_SANITIZE=ON" tools/setup.sh   # extra CMake options
-#   RELPOS_BUILD_DIR=build-asan tools/setup.sh                 # another build folder
-#   RELPOS_WITH_FUZZ=1 tools/setup.sh                          # also clang, for tools/fuzz/run_fuzzers.sh
+#   RELPOS_BUILD_DIR=build-debug tools/setup.sh                # another build folder
+#   RELPOS_WITH_FUZZ=1 tools/setup.sh                          # also clang, for tools/asan_check.sh and tools/fuzz/run_fuzzers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (clang, ASan + UBSan, build-fuzz/) and runs each for SECONDS
+# Builds the libFuzzer harnesses (clang, ASan + UBSan, build-san/) and runs each for SECONDS
 # (default 60) on a copy of its seed corpus (tests/fuzz/corpus/<name>); fails on any crash, leak,
 # timeout or out-of-memory. Prints executions per target.
 #   tools/fuzz/run_fuzzers.sh [SECONDS] [JOBS] [names...]
@@ -10,17 +10,16 @@ jobs=${2:-1}
 shift $(( $# > 2 ? 2 : $# ))
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(fuzz_safetensors fuzz_weights_json fuzz_config fuzz_idx fuzz_image)
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRELPOS_FUZZ=ON -DRELPOS_CUDA=OFF \
-  -DRELPOS_SHARED=OFF -DRELPOS_BUILD_TESTS=OFF -DRELPOS_BUILD_CLI=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target "${names[@]}" >/dev/null
-out=build-fuzz/runs
+tools/configure_sanitized.sh  # build-san/, shared with tools/asan_check.sh
+cmake --build build-san -j"$(nproc)" --target "${names[@]}" >/dev/null
+out=build-san/fuzz-runs
 mkdir -p "$out"
 status=0
 run_one() {
   local name=$1 corpus="$out/$1-corpus"
   rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/"$name"/* "$corpus"/
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-     OMP_NUM_THREADS=1 build-fuzz/tests/fuzz/"$name" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2560 \
+     OMP_NUM_THREADS=1 build-san/tests/fuzz/"$name" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2560 \
      -max_len=65536 -print_final_stats=1 -artifact_prefix="$out/$name-" "$corpus" > "$out/$name.log" 2>&1; then
     echo "$name: $(grep -m1 stat::number_of_executed_units "$out/$name.log" | awk '{print $2}') execs in ${seconds} s, no failure"
   else

@@ -26,8 +26,8 @@ void run(const InfoArgs& a) {
   const Network& net = model.network();
   const ModelConfig& c = net.config();
   const auto rows = net.summarize(a.batch);
-  std::int64_t params = 0, macs = 0;
-  for (const auto& r : rows) params += r.params, macs += r.macs;
+  std::int64_t macs = 0;
+  for (const auto& r : rows) macs += r.macs;
   std::cout << c.name << ": " << c.in_chans << "x" << c.input_size[0] << "x" << c.input_size[1] << " -> "
             << c.num_classes << " classes" << (c.fixed_input_size() ? " (fixed input size)" : " (any input size)")
             << "\n";
