@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <opencv2/core.hpp>
+
 #include <unistd.h>
 
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
+#include "relpos/preprocess.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
 #include "cli_run.hpp"
@@ -165,4 +168,32 @@ TEST_CASE("IDX reproducer through the CLI: relpos eval on a hostile Fashion-MNIS
                                false, "RELPOS_FASHION_MNIST=" + dir.path);
   CHECK(r.status == 1);
   CHECK(r.out.find("t10k-images-idx3-ubyte.gz") != std::string::npos);
+}
+
+TEST_CASE("write_image: a PNG round trip; no extension, an empty image or a missing folder name the file") {
+  test::TempDir dir;
+  cv::Mat img(5, 7, CV_8UC3);
+  for (int y = 0; y < img.rows; ++y)
+    for (int x = 0; x < img.cols; ++x) img.at<cv::Vec3b>(y, x) = cv::Vec3b(uchar(10 * x), uchar(30 * y), uchar(x * y));
+  write_image(dir.file("a.png"), img);
+  const cv::Mat back = read_image(dir.file("a.png"));
+  REQUIRE(back.size() == img.size());
+  CHECK(cv::norm(back, img, cv::NORM_INF) == 0.0);
+  CHECK(std::filesystem::directory_iterator(dir.path) != std::filesystem::directory_iterator());
+  const auto error_of_write = [&](const std::string& path, const cv::Mat& m) -> std::string {
+    try {
+      write_image(path, m);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_of_write(dir.file("noextension"), img).find("noextension: no file extension") != std::string::npos);
+  CHECK(error_of_write(dir.file("empty.png"), cv::Mat()).find("empty.png: the image is empty") != std::string::npos);
+  CHECK(error_of_write(dir.file("no/such/folder/b.png"), img).find("no/such/folder/b.png") != std::string::npos);
+  CHECK(error_of_write(dir.file("a.unknownformat"), img).find("a.unknownformat") != std::string::npos);
+  // a failed write leaves no temporary behind: only a.png is in the folder
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);
 }

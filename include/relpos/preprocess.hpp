@@ -72,6 +72,9 @@ struct Preprocess {
 
 // Decodes an image file with OpenCV; throws relpos::Error naming the file if it is not an image.
 cv::Mat read_image(const std::string& path);
+// Writes an image file in the format its extension names (.png, .jpg, ...), atomically; throws
+// relpos::Error naming the file if it cannot.
+void write_image(const std::string& path, const cv::Mat& image);
 // Whether a file name has an image extension OpenCV decodes (png, jpg, bmp, tif, webp, pnm, ...).
 bool has_image_extension(const std::string& path);
 

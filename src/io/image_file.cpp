@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
 #endif
@@ -86,5 +87,28 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name) {
 }
 
 cv::Mat decode_image_file(const std::string& path) { return decode_image_bytes(read_file(path), path); }
+
+void encode_image_file(const std::string& path, const cv::Mat& img) {
+  RELPOS_CHECK(!img.empty(), "cannot write " << path << ": the image is empty");
+#ifdef RELPOS_NO_IMAGE_CODECS
+  RELPOS_FAIL("cannot write " << path << ": this relpos was built without image files (RELPOS_IMAGE_CODECS=OFF)");
+#else
+  const std::size_t dot = path.rfind('.');
+  const std::size_t slash = path.find_last_of('/');
+  RELPOS_CHECK(dot != std::string::npos && (slash == std::string::npos || dot > slash),
+               "cannot write " << path << ": no file extension to choose the image format (.png, .jpg, ...)");
+  std::vector<unsigned char> bytes;
+  bool ok = false;
+  try {
+    ok = cv::imencode(path.substr(dot), img, bytes);
+  } catch (const cv::Exception& e) {
+    RELPOS_FAIL("cannot write " << path << ": OpenCV could not encode the image (" << e.err << ")");
+  }
+  RELPOS_CHECK(ok, "cannot write " << path << ": OpenCV could not encode the image");
+  write_atomically(path, [&](std::ostream& out) {
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  });
+#endif
+}
 
 }  // namespace relpos::detail

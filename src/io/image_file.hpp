@@ -15,5 +15,9 @@ namespace relpos::detail {
 cv::Mat decode_image_file(const std::string& path);
 // The same checks and decoding for bytes already in memory; `name` is used in messages.
 cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name);
+// Encodes img in the format its extension names (.png, .jpg, ...) and writes it atomically (the old
+// file or the complete new one, never half a picture). Throws relpos::Error naming the path if the
+// extension is unknown, the image cannot be encoded or the file cannot be written.
+void encode_image_file(const std::string& path, const cv::Mat& img);
 
 }  // namespace relpos::detail

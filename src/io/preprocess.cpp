@@ -214,6 +214,7 @@ cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p) {
 }
 
 cv::Mat read_image(const std::string& path) { return detail::decode_image_file(path); }
+void write_image(const std::string& path, const cv::Mat& image) { detail::encode_image_file(path, image); }
 
 bool has_image_extension(const std::string& path) {
   const auto dot = path.rfind('.');

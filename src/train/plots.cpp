@@ -2,12 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
-#ifndef RELPOS_NO_IMAGE_CODECS
-#include <opencv2/imgcodecs.hpp>
-#endif
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "io/image_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/trainer.hpp"
 #include "train/plots.hpp"
@@ -74,20 +72,6 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
   }
 }
 
-void write_png(const cv::Mat& img, const std::string& path) {
-  bool ok = false;
-  try {
-#ifndef RELPOS_NO_IMAGE_CODECS
-    ok = cv::imwrite(path, img);
-#else
-    (void)img;
-    RELPOS_FAIL("cannot write " << path << ": this relpos was built without image files (RELPOS_IMAGE_CODECS=OFF)");
-#endif
-  } catch (const cv::Exception& e) {
-    RELPOS_FAIL("cannot write " << path << ": " << e.what());
-  }
-  RELPOS_CHECK(ok, "cannot write " << path);
-}
 
 }  // namespace
 
@@ -110,7 +94,7 @@ void plot_learning_curves(const std::vector<EpochLog>& history, const std::strin
   if (!vl.points.empty()) loss.push_back(vl), acc.push_back(va);
   draw_panel(img, {0, 0, 500, 420}, "loss", loss, 3);
   draw_panel(img, {500, 0, 500, 420}, "top-1 accuracy (%)", acc, 1);
-  write_png(img, path);
+  detail::encode_image_file(path, img);
 }
 
 std::string format_confusion(const EvalResult& r) {
@@ -161,7 +145,7 @@ void plot_confusion(const EvalResult& r, const std::string& path) {
     const cv::Rect at(left + j * cell + (cell - 20) / 2, top + n * cell + 2, 20, 110);
     rotated.copyTo(img(at));
   }
-  write_png(img, path);
+  detail::encode_image_file(path, img);
 }
 
 }  // namespace relpos

@@ -6,6 +6,8 @@
 #include <limits>
 #include <opencv2/imgproc.hpp>
 
+#include "relpos/preprocess.hpp"
+
 namespace relpos::cli {
 
 namespace {
@@ -171,7 +173,7 @@ void draw_attention_picture(const AttentionMaps& m, const QueryTerms& t, const A
               {at.x, at.y - 7}, 0.38);
   }
   draw_colour_bar(img, {bar_x, top + header, 18, ph}, scale, "p");
-  write_png(img, path);
+  write_image(path, img);
 }
 
 void draw_terms_picture(const AttentionMaps& m, const QueryTerms& t, const std::vector<int>& heads,
@@ -259,7 +261,7 @@ void draw_terms_picture(const AttentionMaps& m, const QueryTerms& t, const std::
     }
     draw_colour_bar(img, {bar_x, y0 + strip, 16, gs.height}, scale, "logit");
   }
-  write_png(img, path);
+  write_image(path, img);
 }
 
 void draw_tables_picture(const AttentionMaps& m, const std::string& title, const std::string& path) {
@@ -268,7 +270,7 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
     cv::Mat img = titled_canvas(110, 760, title, m.layer + " has no position tables (pos: none):");
     draw_text(img, "its logits are the content term s q.k alone, so its attention does not depend on where a key is.",
               {12, 80}, 0.45);
-    write_png(img, path);
+    write_image(path, img);
     return;
   }
   const ColourScale scale{ColourScale::Diverging, -1.0, 1.0};
@@ -296,7 +298,7 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
         }
     }
     draw_colour_bar(img, {left + stacks * (panel_w + 40), top, 16, std::min(panel_h, 240)}, scale, "cos");
-    write_png(img, path);
+    write_image(path, img);
     return;
   }
   // relative tables: rows (dy) and columns (dx)
@@ -348,7 +350,7 @@ void draw_tables_picture(const AttentionMaps& m, const std::string& title, const
     }
   }
   draw_colour_bar(img, {bar_x, top + header, 16, std::min(200, cell * std::max(rows_h, rows_w))}, scale, "cos");
-  write_png(img, path);
+  write_image(path, img);
 }
 
 void draw_distance_chart(const std::vector<AttentionMaps>& layers, const std::vector<AttentionDistance>& dists,
@@ -368,7 +370,7 @@ void draw_distance_chart(const std::vector<AttentionMaps>& layers, const std::ve
               "mean attention distance of each head (input pixels): sum_j p_ij |i - j|, averaged over the queries;"
               " dashed: uniform attention");
   draw_bar_chart(img, {0, 60, width, 370}, groups, "input pixels");
-  write_png(img, path);
+  write_image(path, img);
 }
 
 }  // namespace relpos::cli

@@ -4,9 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
-#ifndef RELPOS_NO_IMAGE_CODECS
-#include <opencv2/imgcodecs.hpp>
-#endif
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
@@ -228,19 +225,5 @@ void draw_bar_chart(cv::Mat& img, cv::Rect box, const std::vector<BarGroup>& gro
   }
 }
 
-void write_png(const cv::Mat& img, const std::string& path) {
-  bool ok = false;
-  try {
-#ifndef RELPOS_NO_IMAGE_CODECS
-    ok = cv::imwrite(path, img);
-#else
-    (void)img;
-    RELPOS_FAIL("cannot write " << path << ": this relpos was built without image files (RELPOS_IMAGE_CODECS=OFF)");
-#endif
-  } catch (const cv::Exception& e) {
-    RELPOS_FAIL("cannot write " << path << ": " << e.what());
-  }
-  RELPOS_CHECK(ok, "cannot write " << path);
-}
 
 }  // namespace relpos::cli

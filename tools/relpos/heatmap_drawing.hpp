@@ -60,7 +60,4 @@ struct BarGroup {
 };
 void draw_bar_chart(cv::Mat& img, cv::Rect box, const std::vector<BarGroup>& groups, const std::string& y_label);
 
-// Writes a PNG; throws relpos::Error naming the path when it cannot.
-void write_png(const cv::Mat& img, const std::string& path);
-
 }  // namespace relpos::cli
