@@ -28,6 +28,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSp
   if (cache) cache->use_weights(w.data(), w.numel());
   RELPOS_DISPATCH(x, conv2d, x, w, bias, spec, epilogue, cache);
 }
+Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
+                   OpCache* cache) {
+  RELPOS_CHECK(w.weight && w.scale, "conv2d_int8: weights and scales are required");
+  same_device("conv2d_int8", x, {w.weight, w.scale, w.bias, epilogue.residual});
+  RELPOS_CHECK(x.is_cpu(), "int8 layers run on the CPU only (the input is on " << to_string(x.device()) << ")");
+  if (cache) cache->use_weights(w.weight->data(), w.weight->numel());
+  detail::apply_thread_setting();
+  const detail::OpTimer relpos_op_timer_("conv2d_int8", false);
+  return cpu::conv2d_int8(x, w, spec, epilogue, cache);
+}
 ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec, bool need_dx) {
   same_device("conv2d backward", x, {&w, &dy});
   RELPOS_DISPATCH(x, conv2d_backward, x, w, dy, spec, need_dx);

@@ -38,5 +38,21 @@ struct BatchNormGrads {
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
                                   const Tensor& dy);
 
+// An int8 convolution's weights (docs/int8.md): integers in [-127, 127] held in float32 storage,
+// a float scale per output channel, the float bias (batch norm folded in), and the static scale
+// the input is quantized with: q = saturate(round(x / input_scale)) in u8 (an input that is never
+// negative, after a ReLU) or s8.
+struct Int8ConvWeights {
+  const Tensor* weight = nullptr;  // (O, C/groups, kh, kw) Contiguous, integer values
+  const Tensor* scale = nullptr;   // (O)
+  const Tensor* bias = nullptr;    // (O) or nullptr
+  float input_scale = 1.0f;
+  bool input_signed = false;
+};
+// act(conv(dequantized) + bias + residual) in float32 out; the CPU only (oneDNN int8 kernels:
+// VNNI on AVX-512 and AMX where the CPU has them).
+Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
+                   OpCache* cache);
+
 }  // namespace ops
 }  // namespace relpos

@@ -7,4 +7,7 @@
 
 namespace relpos::cpu {
 #include "core/backend_ops.inc"
+// int8 inference (CPU only, no CUDA twin yet): src/cpu/conv2d_int8.cpp
+Tensor conv2d_int8(const Tensor& x, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
+                   const ops::Epilogue& epilogue, OpCache* cache);
 }  // namespace relpos::cpu

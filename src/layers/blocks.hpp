@@ -23,6 +23,7 @@ class ResidualBlock : public Module {
   void prepare_inference() override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  void quantizables(std::vector<Quantizable*>& out) override;
   using Module::init;  // the one-argument form stays visible
   virtual void init(Init& init, bool zero_init_last);
 

@@ -76,6 +76,13 @@ void ResidualBlock::prepare_inference() {
   conv3_->prepare_inference();
 }
 
+void ResidualBlock::quantizables(std::vector<Quantizable*>& out) {
+  if (shortcut_) shortcut_->quantizables(out);
+  conv1_->quantizables(out);
+  for (auto& [name, m] : body()) m->quantizables(out);
+  conv3_->quantizables(out);
+}
+
 void ResidualBlock::release_saved() {
   sum_ = Tensor();
   if (shortcut_) shortcut_->release_saved();
