@@ -62,6 +62,12 @@ Tensor QkvAttention::infer(const Tensor& x) const {
   return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
 }
 
+Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {
+  RELPOS_CHECK(int8_, "internal: " << qkv_name_ << " is not int8");
+  const Tensor att = attend(int8_->infer(x, {}, {}), nullptr);
+  return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
+}
+
 Tensor QkvAttention::infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const {
   const Tensor qkv = project(x);
   Tensor probs;

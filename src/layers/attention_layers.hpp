@@ -31,6 +31,8 @@ class QkvAttention : public Module, public Quantizable {
   const std::string& layer_name() const override { return qkv_name_; }
   void set_int8(const Int8Input* input) override;
   const Int8Conv* int8() const override { return int8_.get(); }
+  // infer() from the input already quantized for the int8 qkv projection.
+  Tensor infer(const ops::QuantizedTensor& x) const;
 
  protected:
   QkvAttention(int dim, int qkv_channels, int stride);

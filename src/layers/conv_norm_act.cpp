@@ -72,6 +72,21 @@ Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act) cons
   return ops::conv2d(x, folded_w_, &folded_b_, spec_, {residual, act}, &cache_);
 }
 
+ops::QuantizedTensor ConvNormAct::quantize_input(const Tensor& x) const {
+  RELPOS_CHECK(int8_, "internal: " << name_ << " is not int8");
+  return int8_->quantize(x);
+}
+
+Tensor ConvNormAct::infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const {
+  RELPOS_CHECK(int8_, "internal: " << name_ << " is not int8");
+  return int8_->infer(x, spec_, {residual, act});
+}
+
+ops::QuantizedTensor ConvNormAct::infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const {
+  RELPOS_CHECK(can_feed(&next), "internal: " << name_ << " cannot write u8 for the next layer");
+  return int8_->infer_requantized(x, spec_, next);
+}
+
 Tensor ConvNormAct::forward(const Tensor& x) {
   RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
   x_ = x;

@@ -32,6 +32,14 @@ class ConvNormAct : public Module, public Quantizable {
   const std::string& layer_name() const override { return name_; }
   void set_int8(const Int8Input* input) override;
   const Int8Conv* int8() const override { return int8_.get(); }
+  // int8 layers chained without float32 between them (docs/int8.md): whether this layer can write
+  // its output as u8 for `next` (both int8, a ReLU here, u8 input there), and the forms that take
+  // or give quantized activations.
+  bool can_feed(const Int8Conv* next) const { return int8_ && next && act_ == Act::ReLU && !next->input_signed(); }
+  ops::QuantizedTensor quantize_input(const Tensor& x) const;
+  Tensor infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const;
+  Tensor infer(const ops::QuantizedTensor& x) const { return infer(x, nullptr, act_); }
+  ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const;
 
   using Module::init;  // the one-argument form stays visible
   void init(Init& init, bool zero_gamma);

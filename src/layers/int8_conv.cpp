@@ -57,7 +57,7 @@ void Int8Conv::collect(const std::string& p, std::vector<ParamRef>& out) {
   out.push_back({p + "input_scale", &input_scale_, nullptr, true});
 }
 
-Tensor Int8Conv::infer(const Tensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const {
+ops::Int8ConvWeights Int8Conv::weights() const {
   ops::Int8ConvWeights w;
   w.weight = &weight_;
   w.scale = &scale_;
@@ -65,7 +65,25 @@ Tensor Int8Conv::infer(const Tensor& x, const ops::ConvSpec& spec, const ops::Ep
   RELPOS_CHECK(input_scale_.is_cpu(), "int8 layers run on the CPU only");
   w.input_scale = input_scale_.data()[0];
   w.input_signed = signed_;
-  return ops::conv2d_int8(x, w, spec, ep, &cache_);
+  return w;
+}
+
+Tensor Int8Conv::infer(const Tensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const {
+  return ops::conv2d_int8(x, weights(), spec, ep, &cache_);
+}
+
+ops::QuantizedTensor Int8Conv::quantize(const Tensor& x) const {
+  return ops::quantize_activation(x, input_scale(), signed_);
+}
+
+Tensor Int8Conv::infer(const ops::QuantizedTensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const {
+  return ops::conv2d_int8(x, weights(), spec, ep, &cache_);
+}
+
+ops::QuantizedTensor Int8Conv::infer_requantized(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
+                                                 const Int8Conv& next) const {
+  RELPOS_CHECK(!next.input_signed(), "internal: requantizing for a layer that takes s8");
+  return ops::conv2d_int8_requantized(x, weights(), spec, Act::ReLU, next.input_scale(), &cache_);
 }
 
 }  // namespace relpos

@@ -36,12 +36,20 @@ class Int8Conv {
   void collect(const std::string& prefix, std::vector<ParamRef>& out);
   // act(conv(x) + bias + residual), float32 in and out.
   Tensor infer(const Tensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const;
+  // x quantized as this layer takes it.
+  ops::QuantizedTensor quantize(const Tensor& x) const;
+  // From an input quantized as this layer takes it; float32 out.
+  Tensor infer(const ops::QuantizedTensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const;
+  // ReLU(conv(x) + bias) written as u8 in the input scale of `next` (which must take u8).
+  ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
+                                         const Int8Conv& next) const;
   void prepare_inference() { cache_.clear(); }
   bool input_signed() const { return signed_; }
   float input_scale() const;
   std::int64_t params() const { return weight_.numel() + bias_.numel(); }
 
  private:
+  ops::Int8ConvWeights weights() const;
   Tensor weight_, scale_, bias_, input_scale_;
   bool signed_ = false;
   mutable OpCache cache_;

@@ -33,7 +33,7 @@ struct Network::Impl {
     const bool bot = b.type == BlockType::SelfAttn;
     const HeadDims d = head_dims(mid, bot ? st.self_attn.heads : st.sasa.heads,
                                  bot ? st.self_attn.qk_ratio : st.sasa.qk_ratio, where);
-    std::unique_ptr<Module> attn;
+    std::unique_ptr<QkvAttention> attn;
     if (bot) {
       const SelfAttnConfig& a = st.self_attn;
       BotAttnSpec spec;

@@ -83,6 +83,12 @@ def agreement(a, b):
     return float((torch.as_tensor(a).argmax(1) == torch.as_tensor(b).argmax(1)).float().mean())
 
 
+def rel_error(ref, got):
+    """Relative RMS difference of int8 logits from fp32 ones."""
+    ref, got = torch.as_tensor(ref).double(), torch.as_tensor(got).double()
+    return float((got - ref).norm() / ref.norm())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="botnet26t_256")
@@ -168,10 +174,12 @@ def main():
         rf = relpos_logits(a.relpos, weights, a.model, xk, tmp, a.threads)
         ri = relpos_logits(a.relpos, int8, None, xk, tmp, a.threads)
         agree["relpos"] = agreement(rf, ri)
+        err = {"relpos": rel_error(rf, ri)}
         if ov_int8 is not None:
             of = compiled(ov_fp32, len(xk))(xk.numpy())
             oi = compiled(ov_int8, len(xk))(xk.numpy())
             agree["openvino"] = agreement(of, oi)
+            err["openvino"] = rel_error(of, oi)
         with torch.inference_mode():
             ref = model(xk)
         print(f"relpos fp32 vs timm: max|logits diff| {(rf - ref).abs().max().item():.2e}", flush=True)
@@ -212,6 +220,8 @@ def main():
         print(line)
     print(f"top-1 agreement of int8 with fp32 on {a.check_images} check images: " +
           ", ".join(f"{k} {100 * v:.1f}%" for k, v in agree.items()))
+    print("relative RMS error of int8 logits against fp32 logits: " +
+          ", ".join(f"{k} {v:.4f}" for k, v in err.items()))
 
 
 if __name__ == "__main__":
