@@ -294,7 +294,7 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
 
   relpos::test::make_pattern_dataset(dir.file("pat"), 4, 1);
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -n 8 -o " + dir.file("q.json") +
-              " --keep-float stem");
+              " --keep-float stem --sensitivity-images 2");
   REQUIRE(r.status == 0);
   CHECK(r.out.find("stages.1.1.self_attn.qkv") != std::string::npos);
   CHECK(r.out.find("sensitivity") != std::string::npos);
@@ -308,7 +308,7 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   CHECK(r.out.find("int8 (u8 in)") != std::string::npos);
   r = run_cli("classify -m " + dir.file("q.json") + " " + dir.file("pat") + "/test -q");
   CHECK(r.status == 0);
-  r = run_cli("bench -m " + dir.file("q.json") + " --batch 2 --warmup 1 --iters 1");
+  r = run_cli("bench -m " + dir.file("q.json") + " --batch 1 --warmup 0 --iters 1");
   CHECK(r.status == 0);
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -o " + dir.file("q.txt"));
   CHECK(r.status == 2);

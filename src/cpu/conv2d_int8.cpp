@@ -184,18 +184,21 @@ ops::QuantizedTensor quantize_activation(const Tensor& x_in, float scale, bool i
   ops::QuantizedTensor q = empty_quantized(x.shape(), scale, is_signed);
   const float inv = 1.0f / scale, lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest even
+  // memory-bound: below a few MB one thread does it in about a millisecond, less than waking (or,
+  // on a busy machine, waiting for) the others
+  constexpr std::int64_t kParallelFrom = std::int64_t{1} << 21;
   const float* src = x.data();
   const std::int64_t n = x.numel();
   if (is_signed) {
     auto* dst = static_cast<std::int8_t*>(q.data());
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelFrom)
     for (std::int64_t i = 0; i < n; ++i) {
       const float v = std::min(std::max(src[i] * inv, lo), hi);
       dst[i] = static_cast<std::int8_t>(static_cast<int>((v + magic) - magic));
     }
   } else {
     auto* dst = static_cast<std::uint8_t*>(q.data());
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelFrom)
     for (std::int64_t i = 0; i < n; ++i) {
       const float v = std::min(std::max(src[i] * inv, lo), hi);
       dst[i] = static_cast<std::uint8_t>(static_cast<int>((v + magic) - magic));
