@@ -21,6 +21,15 @@ struct ParamRef {
   Tensor* value = nullptr;
   Tensor* grad = nullptr;  // nullptr for buffers (batch-norm running statistics)
   bool no_weight_decay = false;  // biases, norm parameters, position tables
+  bool int8 = false;  // an int8 layer's weights: integer values in [-127, 127], stored as int8
+};
+
+// A layer that runs in int8 (docs/int8.md) and how its input is quantized:
+// q = saturate(round(x / input_scale)) in s8 when input_signed, else in u8.
+struct Int8Layer {
+  std::string name;  // "stages.0.0.conv1_1x1", "stages.3.0.self_attn.qkv"
+  float input_scale = 1.0f;
+  bool input_signed = false;
 };
 
 // One row of `relpos info`: a layer, its output shape, parameters and multiply-adds.
@@ -71,6 +80,16 @@ class Network {
   void release_saved();
 
   std::vector<LayerRow> summarize(int batch = 1) const;
+
+  // int8 inference (docs/int8.md). The layers that can run in int8 (convolutions and attention
+  // qkv projections), in network order.
+  std::vector<std::string> quantizable_layers() const;
+  // Runs exactly the named layers in int8, each quantized from its current float weights (batch
+  // norm folded, weights per output channel), and every other layer in float32. params() changes
+  // to match: an int8 layer registers its int8 weights, scales, bias and input scale instead of
+  // its float weights and batch norm. Throws naming a layer that is not quantizable.
+  void set_int8_layers(const std::vector<Int8Layer>& layers);
+  std::vector<Int8Layer> int8_layers() const;  // empty for a float model
 
  private:
   struct Impl;

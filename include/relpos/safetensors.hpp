@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const;
   const Entry& entry(const std::string& name) const;
-  // The tensor converted to float32 on the CPU (F32, F16, BF16, F64, and integer dtypes).
+  // The tensor converted to float32 on the CPU (F32, F16, BF16, F64, and integer dtypes: I64, I32,
+  // I8, U8, BOOL).
   Tensor tensor(const std::string& name) const;
   const std::string& path() const { return what_; }
 
@@ -44,9 +46,11 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes float32 tensors (in the given order) with optional string metadata. The file is
-// written to a temporary name and renamed, so a crash never leaves a half-written file.
+// Writes float32 tensors (in the given order) with optional string metadata; the tensors named in
+// `int8` hold integers in [-128, 127] and are written as I8. The file is written to a temporary
+// name and renamed, so a crash never leaves a half-written file.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::set<std::string>& int8 = {});
 
 }  // namespace relpos

@@ -157,6 +157,7 @@ struct EvalResult {
   std::vector<std::vector<long>> confusion;  // [true][predicted]
   std::vector<double> per_class;             // accuracy per true class
   std::size_t skipped = 0;                   // images that could not be read (reported, not counted)
+  std::vector<int> predictions;              // top-1 class of each counted image, in the data's order
 };
 // Scores the model on every image of the data. `progress(done, total)` is called after each batch
 // when given (the CLI draws its progress bar with it).

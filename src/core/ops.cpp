@@ -28,6 +28,38 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSp
   if (cache) cache->use_weights(w.data(), w.numel());
   RELPOS_DISPATCH(x, conv2d, x, w, bias, spec, epilogue, cache);
 }
+namespace {
+void check_int8(const char* op, const Tensor& x, const Int8ConvWeights& w, const Epilogue& epilogue, OpCache* cache) {
+  RELPOS_CHECK(w.weight && w.scale, op << ": weights and scales are required");
+  same_device(op, x, {w.weight, w.scale, w.bias, epilogue.residual});
+  RELPOS_CHECK(x.is_cpu(), "int8 layers run on the CPU only (the input is on " << to_string(x.device()) << ")");
+  if (cache) cache->use_weights(w.weight->data(), w.weight->numel());
+  detail::apply_thread_setting();
+}
+}  // namespace
+
+QuantizedTensor quantize_activation(const Tensor& x, float scale, bool is_signed) {
+  RELPOS_CHECK(x.is_cpu(), "int8 layers run on the CPU only (the input is on " << to_string(x.device()) << ")");
+  detail::apply_thread_setting();
+  const detail::OpTimer timer("quantize_activation", false);
+  return cpu::quantize_activation(x, scale, is_signed);
+}
+Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
+                   OpCache* cache) {
+  return conv2d_int8(quantize_activation(x, w.input_scale, w.input_signed), w, spec, epilogue, cache);
+}
+Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
+                   OpCache* cache) {
+  check_int8("conv2d_int8", x.storage, w, epilogue, cache);
+  const detail::OpTimer timer("conv2d_int8", false);
+  return cpu::conv2d_int8(x, w, spec, epilogue, cache);
+}
+QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
+                                        Act act, float out_scale, OpCache* cache) {
+  check_int8("conv2d_int8", x.storage, w, {}, cache);
+  const detail::OpTimer timer("conv2d_int8", false);
+  return cpu::conv2d_int8_requantized(x, w, spec, act, out_scale, cache);
+}
 ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec, bool need_dx) {
   same_device("conv2d backward", x, {&w, &dy});
   RELPOS_DISPATCH(x, conv2d_backward, x, w, dy, spec, need_dx);

@@ -38,5 +38,43 @@ struct BatchNormGrads {
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
                                   const Tensor& dy);
 
+// An int8 convolution's weights (docs/int8.md): integers in [-127, 127] held in float32 storage,
+// a float scale per output channel, the float bias (batch norm folded in), and the static scale
+// the input is quantized with: q = saturate(round(x / input_scale)) in u8 (an input that is never
+// negative, after a ReLU) or s8.
+struct Int8ConvWeights {
+  const Tensor* weight = nullptr;  // (O, C/groups, kh, kw) Contiguous, integer values
+  const Tensor* scale = nullptr;   // (O)
+  const Tensor* bias = nullptr;    // (O) or nullptr
+  float input_scale = 1.0f;
+  bool input_signed = false;
+};
+// An activation quantized for an int8 layer: u8 (or s8) values stored N, H, W, C, x = q * scale.
+// It passes between two int8 layers without a float32 copy (its bytes live in a float32 Tensor's
+// storage, so the caching allocator serves it).
+struct QuantizedTensor {
+  Tensor storage;
+  Shape shape;  // (N, C, H, W)
+  float scale = 1.0f;
+  bool is_signed = false;
+  bool defined() const { return storage.defined(); }
+  const void* data() const { return storage.data(); }
+  void* data() { return storage.data(); }
+};
+// q = saturate(round(x / scale)) in u8, or s8 when is_signed; x (N, C, H, W) on the CPU.
+QuantizedTensor quantize_activation(const Tensor& x, float scale, bool is_signed);
+
+// act(conv(dequantized) + bias + residual) in float32 out; the CPU only (oneDNN int8 kernels:
+// VNNI on AVX-512 and AMX where the CPU has them). x is quantized with w's input scale first.
+Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
+                   OpCache* cache);
+// The same from an input already quantized with w's input scale and type.
+Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
+                   const Epilogue& epilogue, OpCache* cache);
+// act(conv + bias) written straight to u8 with out_scale (the next int8 layer's input scale);
+// act must be ReLU (the output is never negative).
+QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
+                                        Act act, float out_scale, OpCache* cache);
+
 }  // namespace ops
 }  // namespace relpos

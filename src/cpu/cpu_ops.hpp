@@ -7,4 +7,10 @@
 
 namespace relpos::cpu {
 #include "core/backend_ops.inc"
+// int8 inference (CPU only, no CUDA twin yet): src/cpu/conv2d_int8.cpp
+ops::QuantizedTensor quantize_activation(const Tensor& x, float scale, bool is_signed);
+Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
+                   const ops::Epilogue& epilogue, OpCache* cache);
+ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
+                                             const ops::ConvSpec& spec, Act act, float out_scale, OpCache* cache);
 }  // namespace relpos::cpu

@@ -1,6 +1,7 @@
 #include "relpos/safetensors.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -170,6 +171,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_le<std::int64_t>(src + 8 * i));
   } else if (e.dtype == "I32") {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_le<std::int32_t>(src + 4 * i));
+  } else if (e.dtype == "I8") {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(static_cast<signed char>(src[i]));
   } else if (e.dtype == "U8" || e.dtype == "BOOL") {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(static_cast<unsigned char>(src[i]));
   } else {
@@ -179,16 +182,29 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::set<std::string>& int8) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
-  std::vector<Tensor> host;
+  std::vector<std::string> data;  // each tensor's bytes
   for (const auto& [name, t] : tensors) {
     RELPOS_CHECK(name != "__metadata__" && !header.contains(name), "duplicate or reserved tensor name '" << name << "'");
-    host.push_back(t.to(Device::CPU).contiguous());
-    const std::uint64_t bytes = host.back().bytes();
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    const Tensor h = t.to(Device::CPU).contiguous();
+    const bool i8 = int8.count(name) != 0;
+    if (i8) {
+      std::string bytes(static_cast<std::size_t>(h.numel()), '\0');
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const float v = h.data()[i];
+        RELPOS_CHECK(v >= -128.0f && v <= 127.0f && v == std::nearbyint(v),
+                     "tensor '" << name << "' holds " << v << ", which is not an int8 integer");
+        bytes[i] = static_cast<char>(static_cast<signed char>(v));
+      }
+      data.push_back(std::move(bytes));
+    } else {
+      data.emplace_back(reinterpret_cast<const char*>(h.data()), h.bytes());
+    }
+    const std::uint64_t bytes = data.back().size();
+    header[name] = {{"dtype", i8 ? "I8" : "F32"}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -197,7 +213,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     const std::uint64_t hlen = h.size();
     out.write(reinterpret_cast<const char*>(&hlen), 8);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const Tensor& t : host) out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.bytes()));
+    for (const std::string& d : data) out.write(d.data(), static_cast<std::streamsize>(d.size()));
   });
 }
 

@@ -21,7 +21,8 @@ using ojson = nlohmann::ordered_json;
 namespace {
 
 constexpr const char* kFormat = "relpos-weights";
-constexpr int kVersion = 1;
+constexpr int kVersion = 1;      // float models
+constexpr int kVersionInt8 = 2;  // int8 tensors and "quantization" (read: 1 and 2)
 
 // An array of strings, or the name of a labels list shipped in models_dir() ("imagenet-1k" reads
 // models/imagenet-1k.txt, one label per line).
@@ -41,7 +42,7 @@ std::vector<std::string> labels_from(const json& j, const std::string& where) {
   return out;
 }
 
-Tensor tensor_from_json(const std::string& name, const json& t) {
+Tensor tensor_from_json(const std::string& name, const json& t, int version, bool* is_int8) {
   RELPOS_CHECK(t.is_object() && t.contains("shape") && t.contains("data"),
                "tensor '" << name << "' needs \"shape\" and \"data\"");
   Shape shape;
@@ -52,9 +53,40 @@ Tensor tensor_from_json(const std::string& name, const json& t) {
   RELPOS_CHECK(!t.contains("dtype") || t.at("dtype").is_string(),
                "tensor '" << name << "': \"dtype\" must be a string such as \"float32\", got " << t.at("dtype").dump());
   const std::string dtype = t.value("dtype", "float32");
-  RELPOS_CHECK(dtype == "float32", "tensor '" << name << "' has dtype '" << dtype << "' (relpos stores float32)");
+  *is_int8 = dtype == "int8";
+  RELPOS_CHECK(dtype == "float32" || (dtype == "int8" && version >= kVersionInt8),
+               "tensor '" << name << "' has dtype '" << dtype << "' ("
+                          << (dtype == "int8" ? "int8 tensors need format version 2" : "relpos stores float32 and int8")
+                          << ")");
   const std::int64_t numel = numel_of(shape);  // throws on overflow; checked against the data BEFORE allocating
   const json& data = t.at("data");
+  if (*is_int8) {
+    Tensor out(shape);
+    float* p = out.data();
+    if (data.is_string()) {
+      const std::string enc = t.value("encoding", "base64");
+      RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
+      std::vector<unsigned char> bytes;
+      try {
+        bytes = base64_decode(data.get_ref<const std::string&>());
+      } catch (const Error& e) {
+        RELPOS_FAIL("tensor '" << name << "': " << e.what());
+      }
+      RELPOS_CHECK(static_cast<std::int64_t>(bytes.size()) == numel,
+                   "tensor '" << name << "' holds " << bytes.size() << " int8 values but shape " << to_string(shape)
+                              << " needs " << numel);
+      for (unsigned char b : bytes) *p++ = static_cast<float>(static_cast<std::int8_t>(b));
+    } else {
+      RELPOS_CHECK(data.is_array() && static_cast<std::int64_t>(data.size()) == numel,
+                   "tensor '" << name << "': data must be base64 text or an array of " << numel << " integers");
+      for (const auto& v : data) {
+        RELPOS_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= -128 && v.get<std::int64_t>() <= 127,
+                     "tensor '" << name << "' has a value that is not an int8 integer: " << v.dump());
+        *p++ = static_cast<float>(v.get<std::int64_t>());
+      }
+    }
+    return out;
+  }
   if (data.is_string()) {
     const std::string enc = t.value("encoding", "base64");
     RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
@@ -97,8 +129,9 @@ ModelFile read_json_weights(const std::string& path) {
                path << ": not a relpos weights file (format " << j["format"].dump() << ", expected \"" << kFormat << "\")");
   RELPOS_CHECK(j.contains("version") && j["version"].is_number_integer(), path << ": missing integer \"version\"");
   const int version = j["version"].get<int>();
-  RELPOS_CHECK(version == kVersion, path << ": weights format version " << version
-                                         << " is not supported (this relpos reads version " << kVersion << ")");
+  RELPOS_CHECK(version == kVersion || version == kVersionInt8,
+               path << ": weights format version " << version << " is not supported (this relpos reads versions "
+                    << kVersion << " and " << kVersionInt8 << ")");
   ModelFile fc;
   RELPOS_CHECK(j.contains("config"), path << ": missing \"config\"");
   try {
@@ -107,9 +140,16 @@ ModelFile read_json_weights(const std::string& path) {
     if (j.contains("preprocess")) {
       fc.preprocess = Preprocess::from_json(j["preprocess"], default_preprocess(fc.config));
     }
+    if (j.contains("quantization")) {
+      RELPOS_CHECK(version >= kVersionInt8, "\"quantization\" needs format version " << kVersionInt8);
+      fc.int8_layers = int8_layers_from_json(j["quantization"], "quantization");
+    }
     RELPOS_CHECK(j.contains("tensors") && j["tensors"].is_object(), "missing \"tensors\" object");
-    for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it)
-      fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value()));
+    for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
+      bool is_int8 = false;
+      fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value(), version, &is_int8));
+      if (is_int8) fc.int8_tensors.insert(it.key());
+    }
   } catch (const Error& e) {
     RELPOS_FAIL(path << ": " << e.what());
   } catch (const json::exception& e) {
@@ -132,6 +172,14 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
       RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture with "
                   "--config (a config file or a shipped name such as botnet26t_256)");
     }
+    if (meta.count("relpos.version")) {
+      const std::string v = meta.at("relpos.version");
+      RELPOS_CHECK(v == std::to_string(kVersion) || v == std::to_string(kVersionInt8),
+                   "weights format version " << v << " is not supported (this relpos reads versions " << kVersion
+                                             << " and " << kVersionInt8 << ")");
+    }
+    if (meta.count("relpos.quantization"))
+      fc.int8_layers = int8_layers_from_json(json::parse(meta.at("relpos.quantization")), "relpos.quantization");
     if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
     if (meta.count("relpos.preprocess")) {
       fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
@@ -152,6 +200,7 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
   for (const auto& e : f.entries()) has_ema = has_ema || (checkpoint && e.name.rfind("ema.", 0) == 0);
   const std::string prefix = has_ema ? "ema." : "model.";
   for (const auto& e : f.entries()) {
+    if (!checkpoint && e.dtype == "I8") fc.int8_tensors.insert(e.name);
     if (!checkpoint) fc.tensors.emplace_back(e.name, f.tensor(e.name));
     else if (e.name.rfind(prefix, 0) == 0) fc.tensors.emplace_back(e.name.substr(prefix.size()), f.tensor(e.name));
   }
@@ -240,18 +289,29 @@ ModelFile read_config_file(const std::string& path_or_name) {
 
 std::string weights_json_text(const Model& model, TensorEncoding encoding) {
   ojson j;
+  const bool int8 = !model.network().int8_layers().empty();
   j["format"] = kFormat;
-  j["version"] = kVersion;
+  j["version"] = int8 ? kVersionInt8 : kVersion;  // a float model stays readable by older relpos
   j["config"] = model.network().config().to_json();
   j["labels"] = model.labels();
   j["preprocess"] = model.preprocess().to_json();
+  if (int8) j["quantization"] = quantization_json(model.network());
   ojson tensors = ojson::object();
   for (const ParamRef& p : model.network().params()) {
     const Tensor t = p.value->to(Device::CPU).contiguous();
     ojson e;
     e["shape"] = t.shape();
-    e["dtype"] = "float32";
-    if (encoding == TensorEncoding::Base64) {
+    e["dtype"] = p.int8 ? "int8" : "float32";
+    if (p.int8) {
+      std::vector<std::int8_t> q(static_cast<std::size_t>(t.numel()));
+      for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<std::int8_t>(t.data()[i]);
+      if (encoding == TensorEncoding::Base64) {
+        e["encoding"] = "base64";
+        e["data"] = base64_encode(q.data(), q.size());
+      } else {
+        e["data"] = std::vector<int>(q.begin(), q.end());
+      }
+    } else if (encoding == TensorEncoding::Base64) {
       e["encoding"] = "base64";
       e["data"] = base64_encode(t.data(), t.bytes());
     } else {
@@ -271,15 +331,42 @@ std::string weights_json_text(const Model& model, TensorEncoding encoding) {
 }
 
 std::map<std::string, std::string> model_metadata(const Model& model, const std::string& format) {
-  return {{"format", "pt"},
-          {"relpos.format", format},
-          {"relpos.config", model.network().config().to_json().dump()},
-          {"relpos.labels", json(model.labels()).dump()},
-          {"relpos.preprocess", model.preprocess().to_json().dump()}};
+  std::map<std::string, std::string> meta{{"format", "pt"},
+                                          {"relpos.format", format},
+                                          {"relpos.config", model.network().config().to_json().dump()},
+                                          {"relpos.labels", json(model.labels()).dump()},
+                                          {"relpos.preprocess", model.preprocess().to_json().dump()}};
+  if (!model.network().int8_layers().empty()) {
+    meta["relpos.version"] = std::to_string(kVersionInt8);
+    meta["relpos.quantization"] = quantization_json(model.network()).dump();
+  }
+  return meta;
 }
 
-void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors,
-                            const std::string& source) {
+ojson quantization_json(const Network& net) {
+  ojson layers = ojson::object();
+  for (const Int8Layer& l : net.int8_layers()) layers[l.name] = {{"input", l.input_signed ? "s8" : "u8"}};
+  return {{"weights", "int8, symmetric, per output channel"},
+          {"activations", "static per-tensor scale (tensor <layer>.input_scale)"},
+          {"layers", std::move(layers)}};
+}
+
+std::vector<Int8Layer> int8_layers_from_json(const json& q, const std::string& where) {
+  RELPOS_CHECK(q.is_object() && q.contains("layers") && q["layers"].is_object(),
+               where << ": needs a \"layers\" object (layer name -> {\"input\": \"u8\" or \"s8\"})");
+  std::vector<Int8Layer> out;
+  for (auto it = q["layers"].begin(); it != q["layers"].end(); ++it) {
+    const json& l = it.value();
+    RELPOS_CHECK(l.is_object() && l.contains("input") && l["input"].is_string() &&
+                     (l["input"] == "u8" || l["input"] == "s8"),
+                 where << ".layers." << it.key() << ": \"input\" must be \"u8\" or \"s8\"");
+    out.push_back({it.key(), 1.0f, l["input"] == "s8"});  // the scale is the tensor <layer>.input_scale
+  }
+  return out;
+}
+
+void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source,
+                    const std::set<std::string>* int8_tensors) {
   std::map<std::string, Tensor*> given;
   for (auto& [name, t] : tensors) {
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0) continue;
@@ -297,6 +384,10 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
     RELPOS_CHECK(it->second->shape() == p.value->shape(),
                  source << ": tensor '" << p.name << "' has shape " << to_string(it->second->shape()) << " but "
                         << net.config().name << " needs " << to_string(p.value->shape()));
+    if (int8_tensors)
+      RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0),
+                   source << ": tensor '" << p.name << "' is stored as " << (p.int8 ? "float32" : "int8")
+                          << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
   }
   if (!missing.empty())
     RELPOS_FAIL(source << ": missing tensor '" << missing.front() << "'"
@@ -304,7 +395,18 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
   for (const auto& [name, t] : given)
     RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
                                            << net.config().name << ")");
+  for (const ParamRef& p : net.params()) {
+    if (!p.int8) continue;
+    const Tensor& t = *given.at(p.name);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      RELPOS_CHECK(t.data()[i] >= -127.0f && t.data()[i] <= 127.0f && t.data()[i] == std::nearbyint(t.data()[i]),
+                   source << ": tensor '" << p.name << "' holds " << t.data()[i]
+                          << "; int8 weights must be integers in [-127, 127]");
+  }
   for (const ParamRef& p : net.params()) p.value->copy_from(*given.at(p.name));
+  for (const Int8Layer& l : net.int8_layers())
+    RELPOS_CHECK(std::isfinite(l.input_scale) && l.input_scale > 0,
+                 source << ": int8 layer '" << l.name << "': its input_scale must be positive, got " << l.input_scale);
   net.prepare_inference();
 }
 

@@ -6,9 +6,12 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "relpos/model.hpp"
 
@@ -24,6 +27,10 @@ struct ModelFile {
   std::vector<std::string> labels;
   std::optional<Preprocess> preprocess;
   std::vector<std::pair<std::string, Tensor>> tensors;  // empty for a config
+  // An int8 model (format version 2, docs/int8.md): its int8 layers (their input scales are
+  // tensors, filled in by assign_tensors) and the names of the tensors the file stores as int8.
+  std::vector<Int8Layer> int8_layers;
+  std::set<std::string> int8_tensors;
 };
 // A weights file (JSON or safetensors). `config` (a path or shipped name) gives the architecture
 // of a safetensors file without one (timm's) and, when the file has none, its labels and
@@ -38,7 +45,14 @@ std::string weights_json_text(const Model& model, TensorEncoding encoding);
 std::map<std::string, std::string> model_metadata(const Model& model, const std::string& format);
 
 // Every parameter and buffer of the network must be given exactly once (num_batches_tracked
-// entries are ignored); errors name the tensor and the source.
-void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source);
+// entries are ignored); errors name the tensor and the source. With int8_tensors (a file's), a
+// tensor is stored as int8 exactly when it is an int8 layer's weights.
+void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source,
+                    const std::set<std::string>* int8_tensors = nullptr);
+
+// The "quantization" object of an int8 model's file (JSON, and safetensors' relpos.quantization)
+// and back; `where` names the file in errors.
+nlohmann::ordered_json quantization_json(const Network& net);
+std::vector<Int8Layer> int8_layers_from_json(const nlohmann::json& q, const std::string& where);
 
 }  // namespace relpos::detail

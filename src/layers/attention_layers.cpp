@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "layers/activation_observer.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -17,7 +18,9 @@ QkvAttention::QkvAttention(int dim, int qkv_channels, int stride) : dim_(dim), s
 }
 
 void QkvAttention::collect(const std::string& p, std::vector<ParamRef>& out) {
-  out.push_back({p + "qkv.weight", &qkv_w_, &dqkv_w_, false});
+  qkv_name_ = p + "qkv";
+  if (int8_) int8_->collect(p + "qkv.", out);
+  else out.push_back({p + "qkv.weight", &qkv_w_, &dqkv_w_, false});
   collect_positions(p, out);
 }
 
@@ -32,13 +35,41 @@ Shape QkvAttention::pooled(Shape s) const {
   return s;
 }
 
+void QkvAttention::prepare_inference() {
+  cache_.clear();
+  if (int8_) int8_->prepare_inference();
+}
+
+void QkvAttention::set_int8(const Int8Input* input) {
+  int8_.reset();
+  cache_.clear();
+  if (input) int8_ = std::make_unique<Int8Conv>(qkv_w_, nullptr, *input);
+}
+
+std::string QkvAttention::int8_tag() const {
+  if (!int8_) return "";
+  return int8_->input_signed() ? " qkv int8 (s8 in)" : " qkv int8 (u8 in)";
+}
+
+Tensor QkvAttention::project(const Tensor& x) const {
+  if (int8_) return int8_->infer(x, {}, {});
+  detail::observe_input(qkv_name_, x);
+  return ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_);
+}
+
 Tensor QkvAttention::infer(const Tensor& x) const {
-  const Tensor att = attend(ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_), nullptr);
+  const Tensor att = attend(project(x), nullptr);
+  return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
+}
+
+Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {
+  RELPOS_CHECK(int8_, "internal: " << qkv_name_ << " is not int8");
+  const Tensor att = attend(int8_->infer(x, {}, {}), nullptr);
   return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
 }
 
 Tensor QkvAttention::infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const {
-  const Tensor qkv = ops::conv2d(x, qkv_w_, nullptr, {}, {}, &cache_);
+  const Tensor qkv = project(x);
   Tensor probs;
   const Tensor att = attend(qkv, &probs);
   AttentionMaps m;
@@ -53,6 +84,7 @@ Tensor QkvAttention::infer_attention(const Tensor& x, const std::string& prefix,
 }
 
 Tensor QkvAttention::forward(const Tensor& x) {
+  RELPOS_CHECK(!int8_, qkv_name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
   x_ = x;
   qkv_ = ops::conv2d(x, qkv_w_, nullptr, {});
   att_ = attend(qkv_, &probs_);
@@ -125,8 +157,7 @@ Shape BotAttention::summarize(const std::string& prefix, const Shape& in, std::v
   const Shape out = pooled({in[0], spec_.channels_out(), in[2], in[3]});
   if (rows) {
     const std::int64_t n = in[2] * in[3], b = in[0];
-    const std::int64_t params = static_cast<std::int64_t>(spec_.channels_qkv()) * dim_ +
-                                (pos_h_.defined() ? pos_h_.numel() : 0) + (pos_w_.defined() ? pos_w_.numel() : 0);
+    const std::int64_t params = qkv_params() + (pos_h_.defined() ? pos_h_.numel() : 0) + (pos_w_.defined() ? pos_w_.numel() : 0);
     std::int64_t macs = b * n * dim_ * spec_.channels_qkv() + b * spec_.heads * n * n * (spec_.dqk + spec_.dv);
     if (spec_.pos == PosEncoding::Relative) {
       const std::int64_t th = spec_.clip > 0 ? 2 * spec_.clip + 1 : 2 * in[2] - 1;
@@ -136,7 +167,7 @@ Shape BotAttention::summarize(const std::string& prefix, const Shape& in, std::v
     rows->push_back({prefix.substr(0, prefix.size() - 1),
                      "bot_attn(" + std::to_string(spec_.heads) + "h," + to_string(spec_.pos) +
                          (spec_.clip > 0 ? ",clip" + std::to_string(spec_.clip) : "") + ")" +
-                         (stride_ == 2 ? "+avgpool" : ""),
+                         (stride_ == 2 ? "+avgpool" : "") + int8_tag(),
                      out, params, macs});
   }
   return out;
@@ -195,8 +226,8 @@ Shape SasaAttention::summarize(const std::string& prefix, const Shape& in, std::
     const std::int64_t n = in[2] * in[3], b = in[0], kk = static_cast<std::int64_t>(spec_.kernel) * spec_.kernel;
     rows->push_back({prefix.substr(0, prefix.size() - 1),
                      "sasa(" + std::to_string(spec_.heads) + "h,k" + std::to_string(spec_.kernel) + ")" +
-                         (stride_ == 2 ? "+avgpool" : ""),
-                     out, static_cast<std::int64_t>(spec_.channels_qkv()) * dim_ + r_row_.numel() + r_col_.numel(),
+                         (stride_ == 2 ? "+avgpool" : "") + int8_tag(),
+                     out, qkv_params() + r_row_.numel() + r_col_.numel(),
                      b * n * dim_ * spec_.channels_qkv() +
                          b * spec_.heads * n * (kk * (spec_.dqk + spec_.dv) + spec_.kernel * spec_.dqk)});
   }

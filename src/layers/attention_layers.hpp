@@ -6,13 +6,16 @@
 //  - SasaAttention: k x k local attention: r_row, r_col.
 #pragma once
 
+#include <memory>
+
 #include "core/ops_internal.hpp"
+#include "layers/int8_conv.hpp"
 #include "layers/module.hpp"
 #include "relpos/attention_ops.hpp"
 
 namespace relpos {
 
-class QkvAttention : public Module {
+class QkvAttention : public Module, public Quantizable {
  public:
   void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
   Tensor infer(const Tensor& x) const override;
@@ -20,9 +23,16 @@ class QkvAttention : public Module {
   Tensor infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const override;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
-  void prepare_inference() override { cache_.clear(); }
+  void prepare_inference() override;
   void release_saved() override;
   void init(Init& init) override;
+  // The qkv projection can run in int8 (the attention itself stays float32).
+  void quantizables(std::vector<Quantizable*>& out) override { out.push_back(this); }
+  const std::string& layer_name() const override { return qkv_name_; }
+  void set_int8(const Int8Input* input) override;
+  const Int8Conv* int8() const override { return int8_.get(); }
+  // infer() from the input already quantized for the int8 qkv projection.
+  Tensor infer(const ops::QuantizedTensor& x) const;
 
  protected:
   QkvAttention(int dim, int qkv_channels, int stride);
@@ -35,12 +45,18 @@ class QkvAttention : public Module {
   // Fills the kind, spec and position tables of a record; probs is the op's as attend() gave it.
   virtual void describe(AttentionMaps& m, const Tensor& probs) const = 0;
   Shape pooled(Shape s) const;
+  // " qkv int8 (u8 in)" for an int8 projection, else empty: appended to summarize()'s kind.
+  std::string int8_tag() const;
+  std::int64_t qkv_params() const { return int8_ ? int8_->params() : qkv_w_.numel(); }
 
   int dim_, stride_;
 
  private:
   Tensor qkv_w_, dqkv_w_;
   mutable OpCache cache_;
+  std::string qkv_name_;  // "<prefix>qkv", set by collect()
+  std::unique_ptr<Int8Conv> int8_;
+  Tensor project(const Tensor& x) const;  // the qkv projection, float32 or int8
   Tensor x_, qkv_, probs_, att_;  // saved by forward()
 };
 

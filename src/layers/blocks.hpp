@@ -23,12 +23,16 @@ class ResidualBlock : public Module {
   void prepare_inference() override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  void quantizables(std::vector<Quantizable*>& out) override;
   using Module::init;  // the one-argument form stays visible
   virtual void init(Init& init, bool zero_init_last);
 
  protected:
   // The layers between the block input and conv3_1x1, registered in timm's order.
   virtual std::vector<std::pair<std::string, Module*>> body() const = 0;
+  // With conv1 in int8: the block from its input quantized for conv1 and the shortcut's output,
+  // passing u8 between int8 layers where they allow it.
+  virtual Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const = 0;
   Act act_;
   std::unique_ptr<ConvNormAct> shortcut_;  // null: identity
   std::unique_ptr<ConvNormAct> conv1_, conv3_;
@@ -46,22 +50,27 @@ class BottleneckBlock : public ResidualBlock {
 
  protected:
   std::vector<std::pair<std::string, Module*>> body() const override;
+  Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const override;
 
  private:
   std::unique_ptr<ConvNormAct> conv2_;
 };
 
+class QkvAttention;
+
 class SelfAttnBlock : public ResidualBlock {
  public:
   // attn: the self-attention layer (BotAttention or SasaAttention) working on mid channels.
-  SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<Module> attn, Act act);
+  SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<QkvAttention> attn, Act act);
+  ~SelfAttnBlock() override;
   void init(Init& init, bool zero_init_last) override;
 
  protected:
   std::vector<std::pair<std::string, Module*>> body() const override;
+  Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const override;
 
  private:
-  std::unique_ptr<Module> attn_;
+  std::unique_ptr<QkvAttention> attn_;
   std::unique_ptr<Module> post_attn_;
 };
 

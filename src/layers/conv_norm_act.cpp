@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "layers/activation_observer.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -22,6 +23,8 @@ ConvNormAct::ConvNormAct(int in, int out, int kernel, int stride, int groups, Ac
 }
 
 void ConvNormAct::collect(const std::string& p, std::vector<ParamRef>& out) {
+  name_ = p.substr(0, p.size() - 1);
+  if (int8_) return int8_->collect(p + "conv.", out);
   out.push_back({p + "conv.weight", &weight_, &dweight_, false});
   out.push_back({p + "bn.weight", &gamma_, &dgamma_, true});
   out.push_back({p + "bn.bias", &beta_, &dbeta_, true});
@@ -39,7 +42,14 @@ void ConvNormAct::init(Init& init, bool zero_gamma) {
   Init::constant(var_, 1.0f);
 }
 
+void ConvNormAct::set_int8(const Int8Input* input) {
+  int8_.reset();
+  prepare_inference();  // folds the batch norm of the current weights
+  if (input) int8_ = std::make_unique<Int8Conv>(folded_w_, &folded_b_, *input);
+}
+
 void ConvNormAct::prepare_inference() {
+  if (int8_) return int8_->prepare_inference();
   // w' = w * g / sqrt(v + eps), b' = beta - mean * g / sqrt(v + eps)
   const auto w = weight_.to_vector(), g = gamma_.to_vector(), b = beta_.to_vector(), m = mean_.to_vector(),
              v = var_.to_vector();
@@ -56,11 +66,29 @@ void ConvNormAct::prepare_inference() {
 }
 
 Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act) const {
+  if (int8_) return int8_->infer(x, spec_, {residual, act});
+  detail::observe_input(name_, x);
   RELPOS_CHECK(folded_w_.defined(), "internal: prepare_inference() was not called");
   return ops::conv2d(x, folded_w_, &folded_b_, spec_, {residual, act}, &cache_);
 }
 
+ops::QuantizedTensor ConvNormAct::quantize_input(const Tensor& x) const {
+  RELPOS_CHECK(int8_, "internal: " << name_ << " is not int8");
+  return int8_->quantize(x);
+}
+
+Tensor ConvNormAct::infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const {
+  RELPOS_CHECK(int8_, "internal: " << name_ << " is not int8");
+  return int8_->infer(x, spec_, {residual, act});
+}
+
+ops::QuantizedTensor ConvNormAct::infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const {
+  RELPOS_CHECK(can_feed(&next), "internal: " << name_ << " cannot write u8 for the next layer");
+  return int8_->infer_requantized(x, spec_, next);
+}
+
 Tensor ConvNormAct::forward(const Tensor& x) {
+  RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
   x_ = x;
   y_ = ops::conv2d(x, weight_, nullptr, spec_);
   return ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, act_, stats_);
@@ -88,11 +116,12 @@ Shape ConvNormAct::summarize(const std::string& prefix, const Shape& in, std::ve
   const std::int64_t ow = (in[3] + 2 * spec_.pad - kernel_) / spec_.stride + 1;
   Shape out{in[0], out_, oh, ow};
   if (rows) {
-    const std::int64_t params = weight_.numel() + 2 * out_;
+    const std::int64_t params = int8_ ? int8_->params() : weight_.numel() + 2 * out_;
     const std::int64_t macs = weight_.numel() * oh * ow * in[0];
     rows->push_back({prefix.substr(0, prefix.size() - 1),
                      "conv" + std::to_string(kernel_) + "x" + std::to_string(kernel_) + "/" +
-                         std::to_string(spec_.stride) + "+bn" + (act_ == Act::None ? "" : "+" + to_string(act_)),
+                         std::to_string(spec_.stride) + "+bn" + (act_ == Act::None ? "" : "+" + to_string(act_)) +
+                         (int8_ ? (int8_->input_signed() ? " int8 (s8 in)" : " int8 (u8 in)") : ""),
                      out, params, macs});
   }
   return out;

@@ -4,7 +4,10 @@
 // fused into the same oneDNN/cuDNN call.
 #pragma once
 
+#include <memory>
+
 #include "core/ops_internal.hpp"
+#include "layers/int8_conv.hpp"
 #include "layers/module.hpp"
 
 namespace relpos {
@@ -12,7 +15,7 @@ namespace relpos {
 // timm's symmetric padding for a kernel and stride
 inline int same_padding(int kernel, int stride) { return ((stride - 1) + (kernel - 1)) / 2; }
 
-class ConvNormAct : public Module {
+class ConvNormAct : public Module, public Quantizable {
  public:
   ConvNormAct(int in, int out, int kernel, int stride, int groups, Act act);
 
@@ -25,6 +28,18 @@ class ConvNormAct : public Module {
   void prepare_inference() override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  void quantizables(std::vector<Quantizable*>& out) override { out.push_back(this); }
+  const std::string& layer_name() const override { return name_; }
+  void set_int8(const Int8Input* input) override;
+  const Int8Conv* int8() const override { return int8_.get(); }
+  // int8 layers chained without float32 between them (docs/int8.md): whether this layer can write
+  // its output as u8 for `next` (both int8, a ReLU here, u8 input there), and the forms that take
+  // or give quantized activations.
+  bool can_feed(const Int8Conv* next) const { return int8_ && next && act_ == Act::ReLU && !next->input_signed(); }
+  ops::QuantizedTensor quantize_input(const Tensor& x) const;
+  Tensor infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const;
+  Tensor infer(const ops::QuantizedTensor& x) const { return infer(x, nullptr, act_); }
+  ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const;
 
   using Module::init;  // the one-argument form stays visible
   void init(Init& init, bool zero_gamma);
@@ -43,6 +58,8 @@ class ConvNormAct : public Module {
   Tensor weight_, dweight_;
   Tensor gamma_, beta_, mean_, var_, dgamma_, dbeta_;
   Tensor folded_w_, folded_b_;  // inference weights
+  std::string name_;              // set by collect()
+  std::unique_ptr<Int8Conv> int8_;  // int8 inference, when set
   mutable OpCache cache_;
   // saved by forward()
   Tensor x_, y_;

@@ -18,6 +18,7 @@
 namespace relpos {
 
 struct Init;
+class Quantizable;
 
 class Module {
  public:
@@ -38,6 +39,8 @@ class Module {
   virtual void prepare_inference() {}
   // Drops tensors saved for backward.
   virtual void release_saved() {}
+  // The layers inside that can run in int8 (layers/int8_conv.hpp), in network order.
+  virtual void quantizables(std::vector<Quantizable*>& /*out*/) {}
   // Output shape for an input shape, appending a row per layer to rows (if given).
   virtual Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const = 0;
 };

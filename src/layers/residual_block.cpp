@@ -41,6 +41,14 @@ Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix
 }
 
 Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const {
+  if (!maps && conv1_->int8()) {
+    // the block input quantized once, for conv1 and for an int8 shortcut that takes the same
+    const ops::QuantizedTensor qx = conv1_->quantize_input(x);
+    const Int8Conv* s = shortcut_ ? shortcut_->int8() : nullptr;
+    const bool shared = s && s->input_scale() == qx.scale && s->input_signed() == qx.is_signed;
+    const Tensor sc = !shortcut_ ? x : shared ? shortcut_->infer(qx) : shortcut_->infer(x);
+    return infer_body_int8(qx, sc);
+  }
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
   for (auto& [name, m] : body()) h = maps ? m->infer_attention(h, *prefix + name + ".", *maps) : m->infer(h);
@@ -74,6 +82,13 @@ void ResidualBlock::prepare_inference() {
   conv1_->prepare_inference();
   for (auto& [name, m] : body()) m->prepare_inference();
   conv3_->prepare_inference();
+}
+
+void ResidualBlock::quantizables(std::vector<Quantizable*>& out) {
+  if (shortcut_) shortcut_->quantizables(out);
+  conv1_->quantizables(out);
+  for (auto& [name, m] : body()) m->quantizables(out);
+  conv3_->quantizables(out);
 }
 
 void ResidualBlock::release_saved() {

@@ -1,14 +1,23 @@
+#include "layers/attention_layers.hpp"
 #include "layers/blocks.hpp"
 
 namespace relpos {
 
-SelfAttnBlock::SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<Module> attn, Act act)
+SelfAttnBlock::SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<QkvAttention> attn, Act act)
     : ResidualBlock(in, mid, out, stride, act), attn_(std::move(attn)) {
   post_attn_ = std::make_unique<BatchNormAct>(mid, act);
 }
 
 std::vector<std::pair<std::string, Module*>> SelfAttnBlock::body() const {
   return {{"self_attn", attn_.get()}, {"post_attn", post_attn_.get()}};
+}
+
+SelfAttnBlock::~SelfAttnBlock() = default;
+
+Tensor SelfAttnBlock::infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& sc) const {
+  const Tensor att = conv1_->can_feed(attn_->int8()) ? attn_->infer(conv1_->infer_requantized(qx, *attn_->int8()))
+                                                     : attn_->infer(conv1_->infer(qx));
+  return conv3_->infer(post_attn_->infer(att), &sc, act_);
 }
 
 void SelfAttnBlock::init(Init& init, bool zero_init_last) {

@@ -34,7 +34,19 @@ void Stem::init(Init& init) {
 
 Tensor Stem::infer(const Tensor& x, Tensor* pre_pool) const {
   Tensor h = x;
-  for (const auto& [name, c] : convs_) h = c->infer(h);
+  ops::QuantizedTensor q;  // set while int8 convolutions pass u8 along (docs/int8.md)
+  for (std::size_t i = 0; i < convs_.size(); ++i) {
+    const ConvNormAct& c = *convs_[i].second;
+    const Int8Conv* next = i + 1 < convs_.size() ? convs_[i + 1].second->int8() : nullptr;
+    if (c.can_feed(next)) {
+      q = c.infer_requantized(q.defined() ? q : c.quantize_input(h), *next);
+    } else if (q.defined()) {
+      h = c.infer(q);
+      q = {};
+    } else {
+      h = c.infer(h);
+    }
+  }
   if (pre_pool) *pre_pool = h;
   return pool_ ? ops::pool2d(h, kStemPool) : h;
 }

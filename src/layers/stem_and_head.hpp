@@ -25,6 +25,9 @@ class Stem : public Module {
   void release_saved() override;
   void init(Init& init) override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  void quantizables(std::vector<Quantizable*>& out) override {
+    for (auto& [name, c] : convs_) c->quantizables(out);
+  }
   int out_channels() const { return convs_.back().second->out_channels(); }
   int reduction() const { return reduction_; }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include "core/runtime_internal.hpp"
 #include "io/atomic_file.hpp"
@@ -116,7 +117,15 @@ std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
 Model Model::load(const std::string& path, const LoadOptions& options) {
   detail::ModelFile fc = detail::read_weights_file(path, options.config);
   Network net(fc.config, 0, /*initialize=*/false);
-  detail::assign_tensors(net, fc.tensors, path);
+  if (!fc.int8_layers.empty()) {
+    RELPOS_CHECK(options.device == Device::CPU, path << ": an int8 model runs on the CPU only");
+    try {
+      net.set_int8_layers(fc.int8_layers);
+    } catch (const Error& e) {
+      RELPOS_FAIL(path << ": quantization: " << e.what());
+    }
+  }
+  detail::assign_tensors(net, fc.tensors, path, &fc.int8_tensors);
   const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
   Model m(std::move(net), std::move(fc.labels), pre);
   m.to(options.device);
@@ -159,8 +168,12 @@ void Model::save_json(const std::string& path, TensorEncoding encoding) const {
 
 void Model::save_safetensors(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const ParamRef& p : network_.params()) tensors.emplace_back(p.name, *p.value);
-  write_safetensors(path, tensors, detail::model_metadata(*this, "relpos-weights"));
+  std::set<std::string> int8;
+  for (const ParamRef& p : network_.params()) {
+    tensors.emplace_back(p.name, *p.value);
+    if (p.int8) int8.insert(p.name);
+  }
+  write_safetensors(path, tensors, detail::model_metadata(*this, "relpos-weights"), int8);
 }
 
 Preprocess default_preprocess(const ModelConfig& config) {

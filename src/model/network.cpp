@@ -1,5 +1,8 @@
 #include "relpos/network.hpp"
 
+#include <cmath>
+#include <map>
+
 #include "core/op_profile.hpp"
 #include "layers/attention_layers.hpp"
 #include "layers/blocks.hpp"
@@ -30,7 +33,7 @@ struct Network::Impl {
     const bool bot = b.type == BlockType::SelfAttn;
     const HeadDims d = head_dims(mid, bot ? st.self_attn.heads : st.sasa.heads,
                                  bot ? st.self_attn.qk_ratio : st.sasa.qk_ratio, where);
-    std::unique_ptr<Module> attn;
+    std::unique_ptr<QkvAttention> attn;
     if (bot) {
       const SelfAttnConfig& a = st.self_attn;
       BotAttnSpec spec;
@@ -52,6 +55,28 @@ struct Network::Impl {
       attn = std::make_unique<SasaAttention>(mid, spec, b.stride);
     }
     return std::make_unique<SelfAttnBlock>(in, mid, b.chs, b.stride, std::move(attn), config.act);
+  }
+
+  // every parameter and buffer in timm's order (again after layers switched to or from int8)
+  void collect_params() {
+    params.clear();
+    stem->collect("stem.", params);
+    block_first.assign(stages.size(), {});
+    for (std::size_t i = 0; i < stages.size(); ++i)
+      for (std::size_t j = 0; j < stages[i].size(); ++j) {
+        block_first[i].push_back(params.size());
+        stages[i][j]->collect("stages." + std::to_string(i) + "." + std::to_string(j) + ".", params);
+      }
+    head_first = params.size();
+    head->collect("head.", params);
+  }
+
+  std::vector<Quantizable*> quantizables() const {
+    std::vector<Quantizable*> out;
+    stem->quantizables(out);
+    for (const auto& stage : stages)
+      for (const auto& b : stage) b->quantizables(out);
+    return out;
   }
 
   void check_input(const Tensor& x, bool need_prepared = true) const {
@@ -91,15 +116,7 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
   }
   m.head = std::make_unique<ClassifierHead>(prev, config.num_classes);
 
-  m.stem->collect("stem.", m.params);
-  m.block_first.resize(m.stages.size());
-  for (std::size_t i = 0; i < m.stages.size(); ++i)
-    for (std::size_t j = 0; j < m.stages[i].size(); ++j) {
-      m.block_first[i].push_back(m.params.size());
-      m.stages[i][j]->collect("stages." + std::to_string(i) + "." + std::to_string(j) + ".", m.params);
-    }
-  m.head_first = m.params.size();
-  m.head->collect("head.", m.params);
+  m.collect_params();
 
   if (initialize) {
     Init init(seed);
@@ -127,7 +144,7 @@ const ParamRef* Network::find(const std::string& name) const {
 std::int64_t Network::num_params() const {
   std::int64_t n = 0;
   for (const auto& p : impl_->params)
-    if (p.grad) n += p.value->numel();
+    if (p.grad || p.int8) n += p.value->numel();
   return n;
 }
 
@@ -135,6 +152,7 @@ Device Network::device() const { return impl_->device; }
 
 void Network::to(Device device) {
   if (device == impl_->device) return;
+  RELPOS_CHECK(device == Device::CPU || int8_layers().empty(), config().name << " has int8 layers, which run on the CPU only");
   release_saved();
   for (auto& p : impl_->params) {
     *p.value = p.value->to(device);
@@ -245,6 +263,53 @@ void Network::release_saved() {
   for (auto& stage : m.stages)
     for (auto& b : stage) b->release_saved();
   m.head->release_saved();
+}
+
+std::vector<std::string> Network::quantizable_layers() const {
+  std::vector<std::string> out;
+  for (const Quantizable* q : impl_->quantizables()) out.push_back(q->layer_name());
+  return out;
+}
+
+void Network::set_int8_layers(const std::vector<Int8Layer>& layers) {
+  Impl& m = *impl_;
+  std::map<std::string, const Int8Layer*> wanted;
+  for (const Int8Layer& l : layers) {
+    RELPOS_CHECK(wanted.emplace(l.name, &l).second, "int8 layer '" << l.name << "' is named twice");
+    RELPOS_CHECK(std::isfinite(l.input_scale) && l.input_scale > 0,
+                 "int8 layer '" << l.name << "': input scale must be positive, got " << l.input_scale);
+  }
+  RELPOS_CHECK(layers.empty() || m.device == Device::CPU,
+               "int8 layers run on the CPU only; move the model to the CPU first");
+  const auto all = m.quantizables();
+  std::size_t found = 0;
+  for (Quantizable* q : all) found += wanted.count(q->layer_name());
+  if (found != wanted.size())
+    for (const auto& [name, l] : wanted) {
+      bool known = false;
+      for (const Quantizable* q : all) known = known || q->layer_name() == name;
+      RELPOS_CHECK(known, "'" << name << "' is not a layer of " << m.config.name
+                              << " that can run in int8 (relpos info lists the layers)");
+    }
+  release_saved();
+  for (Quantizable* q : all) {
+    auto it = wanted.find(q->layer_name());
+    if (it == wanted.end()) {
+      if (q->int8()) q->set_int8(nullptr);
+    } else {
+      const Int8Input in{it->second->input_scale, it->second->input_signed};
+      q->set_int8(&in);
+    }
+  }
+  m.collect_params();
+  prepare_inference();
+}
+
+std::vector<Int8Layer> Network::int8_layers() const {
+  std::vector<Int8Layer> out;
+  for (const Quantizable* q : impl_->quantizables())
+    if (const Int8Conv* c = q->int8()) out.push_back({q->layer_name(), c->input_scale(), c->input_signed()});
+  return out;
 }
 
 std::vector<LayerRow> Network::summarize(int batch) const {

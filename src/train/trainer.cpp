@@ -93,6 +93,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
       const int p = argmax(logits.data() + i * static_cast<std::size_t>(classes), classes);
       ++r.confusion[static_cast<std::size_t>(b.labels[i])][static_cast<std::size_t>(p)];
       correct += p == b.labels[i];
+      r.predictions.push_back(p);
     }
     r.count += b.labels.size();
     if (progress) progress(r.count + loader.skipped(), data.size());

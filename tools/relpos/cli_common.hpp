@@ -97,5 +97,6 @@ void register_bench(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_explain(CLI::App& app);
+void register_quantize(CLI::App& app);
 
 }  // namespace relpos::cli

@@ -13,7 +13,7 @@ namespace {
 struct EvalArgs {
   ModelOptions model;
   PreprocessOptions pre;
-  std::string data = "fashion-mnist", split = "test", png;
+  std::string data = "fashion-mnist", split = "test", png, compare;
   int batch = 500;
   bool json = false, quiet = false;
 };
@@ -26,10 +26,29 @@ void run(const EvalArgs& a) {
   ProgressBar bar("eval", a.quiet);
   const EvalResult r = evaluate(model, *data, a.batch, [&](std::size_t done, std::size_t total) { bar.update(done, total); });
   bar.finish();
+  // --compare: the top-1 agreement with another model (an int8 model's float one) on the same images
+  double agreement = -1.0;
+  if (!a.compare.empty()) {
+    ModelOptions other = a.model;
+    other.model = a.compare;
+    Model m2 = other.load();
+    a.pre.apply(m2);
+    ProgressBar bar2("eval " + a.compare, a.quiet);
+    const EvalResult r2 =
+        evaluate(m2, *data, a.batch, [&](std::size_t done, std::size_t total) { bar2.update(done, total); });
+    bar2.finish();
+    RELPOS_CHECK(r2.predictions.size() == r.predictions.size(),
+                 "--compare: " << a.compare << " scored " << r2.predictions.size() << " images, the model "
+                               << r.predictions.size());
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < r.predictions.size(); ++i) same += r.predictions[i] == r2.predictions[i];
+    agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
+  }
   if (a.json) {
     nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"images", r.count}, {"top1", r.top1},
                         {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}};
+    if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
     std::cout << j.dump() << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images";
@@ -40,6 +59,9 @@ void run(const EvalArgs& a) {
       std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2)
                 << std::setw(7) << 100 * r.per_class[c] << "%\n";
     std::cout << format_confusion(r);
+    if (agreement >= 0)
+      std::cout << std::setprecision(2) << "top-1 agreement with " << a.compare << ": " << 100 * agreement << "% of "
+                << r.count << " images\n";
   }
   if (!a.png.empty()) {
     plot_confusion(r, a.png);
@@ -65,6 +87,8 @@ void register_eval(CLI::App& app) {
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
   sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
   sub->add_flag("--json", a->json, "Print one JSON object");
+  sub->add_option("--compare", a->compare,
+                  "Also score this model and print the top-1 agreement of the two (e.g. an int8 model and its float one)");
   a->pre.add(sub);
   sub->callback([a] { run(*a); });
 }

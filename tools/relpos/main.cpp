@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   relpos::cli::register_convert(app);
   relpos::cli::register_bench(app);
   relpos::cli::register_explain(app);
+  relpos::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,315 @@
+// int8 inference (docs/int8.md): weight quantization, the int8 convolution against a float
+// reference within the quantization error bound, a quantized model against its float model, the
+// int8 file formats, and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.hpp"
+#include "core/ops_internal.hpp"
+#include "layers/int8_conv.hpp"
+#include "relpos/error.hpp"
+#include "relpos/quantize.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+using relpos::test::random_tensor;
+
+namespace {
+
+Tensor abs_of(const Tensor& t) {
+  Tensor out = t.contiguous().clone();
+  for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] = std::fabs(out.data()[i]);
+  return out;
+}
+
+// The tiny test model with random weights and batch norms that are not the identity, so that
+// every layer (the zero-initialised last convolutions too) does something.
+Model tiny_model(std::uint32_t seed) {
+  Model m = Model::create(relpos::test::tiny_rgb_config(), seed);
+  std::mt19937 rng(seed + 100);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f), c(-0.2f, 0.2f);
+  for (const ParamRef& p : m.network().params()) {
+    const std::string& n = p.name;
+    const auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+    Tensor& t = *p.value;
+    if (ends("bn.weight") || ends("running_var") || (ends(".weight") && n.find("post_attn") != std::string::npos))
+      for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = u(rng);
+    else if (ends("bn.bias") || ends("running_mean"))
+      for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = c(rng);
+  }
+  m.network().prepare_inference();
+  return m;
+}
+
+std::vector<Tensor> random_batches(int batches, int n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Tensor> out;
+  for (int b = 0; b < batches; ++b) out.push_back(random_tensor({n, 3, 12, 12}, rng, 1.0f).channels_last());
+  return out;
+}
+
+double relative_rms(const Tensor& ref, const Tensor& got) {
+  const auto a = ref.to_vector(), b = got.to_vector();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+TEST_CASE("per-channel weight quantization round trips within half a step") {
+  std::mt19937 rng(7);
+  Tensor w = random_tensor({6, 4, 3, 3}, rng, 0.3f);
+  for (int i = 0; i < 36; ++i) w.data()[i] = 0.0f;  // a channel of zeros
+  w.data()[40] = 5.0f;                                // an outlier in channel 1 only
+  const QuantizedWeights q = quantize_per_channel(w);
+  REQUIRE(q.q.shape() == w.shape());
+  REQUIRE(q.scale.numel() == 6);
+  CHECK(q.scale.data()[0] == 1.0f);
+  CHECK(q.scale.data()[1] == doctest::Approx(5.0f / 127));
+  const Tensor back = dequantize_per_channel(q.q, q.scale);
+  for (std::int64_t o = 0; o < 6; ++o) {
+    float amax = 0;
+    for (std::int64_t i = 0; i < 36; ++i) {
+      const float v = q.q.data()[o * 36 + i];
+      CHECK(v == std::nearbyint(v));
+      CHECK(std::fabs(v) <= 127.0f);
+      amax = std::max(amax, std::fabs(v));
+      CHECK(std::fabs(back.data()[o * 36 + i] - w.data()[o * 36 + i]) <= 0.5f * q.scale.data()[o] * 1.0001f);
+    }
+    if (o > 0) CHECK(amax == 127.0f);  // each channel's largest weight gets the full range
+  }
+  // quantizing the dequantized weights gives the same integers
+  const QuantizedWeights again = quantize_per_channel(back);
+  CHECK(relpos::test::max_abs_diff(again.q, q.q) == 0.0f);
+}
+
+TEST_CASE("int8 convolution matches the float convolution within the quantization error bound") {
+  struct Case {
+    int c, o, k, stride, groups;
+    bool signed_in, residual;
+    Act act;
+  };
+  for (const Case& cs : {Case{16, 24, 3, 1, 1, false, false, Act::ReLU}, Case{32, 16, 1, 1, 1, false, true, Act::ReLU},
+                         Case{3, 8, 3, 2, 1, true, false, Act::None}, Case{16, 16, 3, 1, 4, false, false, Act::SiLU}}) {
+    CAPTURE(cs.c);
+    CAPTURE(cs.k);
+    CAPTURE(cs.signed_in);
+    std::mt19937 rng(11);
+    Tensor x = random_tensor({2, cs.c, 9, 9}, rng, 1.0f);
+    if (!cs.signed_in)
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = std::fabs(x.data()[i]);
+    x = x.channels_last();
+    const Tensor w = random_tensor({cs.o, cs.c / cs.groups, cs.k, cs.k}, rng, 0.2f);
+    const Tensor bias = random_tensor({cs.o}, rng, 0.5f);
+    const ops::ConvSpec spec{cs.stride, cs.k / 2, cs.groups};
+    const int oh = (9 + 2 * spec.pad - cs.k) / cs.stride + 1;
+    const Tensor res = random_tensor({2, cs.o, oh, oh}, rng, 1.0f).channels_last();
+    const ops::Epilogue ep{cs.residual ? &res : nullptr, cs.act};
+
+    float amax = 0;
+    for (std::int64_t i = 0; i < x.numel(); ++i) amax = std::max(amax, std::fabs(x.data()[i]));
+    const float in_scale = amax / (cs.signed_in ? 127.0f : 255.0f);
+    const QuantizedWeights q = quantize_per_channel(w);
+    ops::Int8ConvWeights iw;
+    iw.weight = &q.q;
+    iw.scale = &q.scale;
+    iw.bias = &bias;
+    iw.input_scale = in_scale;
+    iw.input_signed = cs.signed_in;
+    OpCache cache;
+    const Tensor got = ops::conv2d_int8(x, iw, spec, ep, &cache);
+    const Tensor ref = ops::conv2d(x, w, &bias, spec, ep);
+    REQUIRE(got.shape() == ref.shape());
+
+    // |conv(x, w) - conv(x', w')| <= in_scale / 2 * sum |w| + max step(w) * sum (|x| + in_scale / 2), with
+    // step(w) one weight scale (oneDNN may keep 7 bits of an s8-input layer's weights on CPUs without
+    // VNNI); activations are 1-Lipschitz.
+    float wstep = 0;
+    for (std::int64_t o = 0; o < cs.o; ++o) wstep = std::max(wstep, q.scale.data()[o]);
+    Tensor xa = abs_of(x);
+    for (std::int64_t i = 0; i < xa.numel(); ++i) xa.data()[i] += 0.5f * in_scale;
+    const Tensor ones_w = Tensor::full(w.shape(), 1.0f);
+    const Tensor sum_w = ops::conv2d(Tensor::full(x.shape(), 1.0f), abs_of(w), nullptr, spec);
+    const Tensor sum_x = ops::conv2d(xa, ones_w, nullptr, spec);
+    const auto g = got.to_vector(), r = ref.to_vector(), sw = sum_w.to_vector(), sx = sum_x.to_vector();
+    double worst = 0, mean_err = 0, mean_ref = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const double bound = 0.5 * in_scale * sw[i] + wstep * sx[i] + 1e-4 * (1 + std::fabs(r[i]));
+      worst = std::max(worst, std::fabs(g[i] - r[i]) / bound);
+      mean_err += std::fabs(g[i] - r[i]);
+      mean_ref += std::fabs(r[i]);
+    }
+    CHECK(worst <= 1.0);
+    CHECK(mean_err / mean_ref < 0.02);  // and typically far inside the bound
+  }
+}
+
+TEST_CASE("a quantized model's logits stay close to the float model's") {
+  Model m = tiny_model(3);
+  const auto calib = random_batches(4, 16, 5);
+  const Tensor x = random_batches(1, 32, 9).front();
+  const Tensor ref = m.logits(x);
+  QuantizeOptions opt;
+  opt.sensitivity_images = 16;
+  const QuantizeReport r = quantize(m, calib, opt);
+  CHECK(r.calibration_images == 64);
+  const auto names = m.network().quantizable_layers();
+  REQUIRE(r.layers.size() == names.size());
+  CHECK(m.network().int8_layers().size() == names.size());
+  bool qkv = false;
+  for (const LayerQuantization& l : r.layers) {
+    CHECK(l.int8);
+    CHECK(l.sensitivity >= 0.0);
+    CHECK(l.input_scale > 0.0f);
+    qkv = qkv || l.name.find("self_attn.qkv") != std::string::npos;
+    // only the stem's input (the normalised image) is signed: every other layer follows a ReLU
+    CHECK(l.input_signed == (l.name == "stem"));
+  }
+  CHECK(qkv);
+  const Tensor got = m.logits(x);
+  const double err = relative_rms(ref, got);
+  MESSAGE("relative RMS logits error of the int8 tiny model: " << err);
+  CHECK(err > 0.0);  // the int8 path ran
+  CHECK(err < 0.05);
+  CHECK(r.logits_error < 0.05);
+
+  // keeping a layer in float: it registers its float weights and batch norm again
+  Model k = tiny_model(3);
+  opt.keep_float = {"stem"};
+  const QuantizeReport rk = quantize(k, calib, opt);
+  CHECK_FALSE(rk.layers.front().int8);
+  CHECK(k.network().find("stem.bn.running_var") != nullptr);
+  CHECK(k.network().find("stages.0.0.conv1_1x1.conv.weight_scale") != nullptr);
+  CHECK(k.network().find("stages.0.0.conv1_1x1.bn.weight") == nullptr);
+  // info shows which layers are int8
+  int int8_rows = 0;
+  for (const LayerRow& row : k.network().summarize()) int8_rows += row.kind.find("int8") != std::string::npos;
+  CHECK(int8_rows == static_cast<int>(names.size()) - 1);
+}
+
+TEST_CASE("int8 models round-trip through the weights JSON and safetensors") {
+  relpos::test::TempDir dir;
+  Model m = tiny_model(4);
+  quantize(m, random_batches(2, 16, 6), {});
+  const Tensor x = random_batches(1, 8, 10).front();
+  const Tensor ref = m.logits(x);
+  m.save_json(dir.file("q.json"));
+  m.save_json(dir.file("qn.json"), TensorEncoding::Numbers);
+  m.save_safetensors(dir.file("q.safetensors"));
+  for (const char* f : {"q.json", "qn.json", "q.safetensors"}) {
+    CAPTURE(f);
+    const Model back = Model::load(dir.file(f));
+    const auto a = m.network().int8_layers(), b = back.network().int8_layers();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].name == b[i].name);
+      CHECK(a[i].input_scale == b[i].input_scale);
+      CHECK(a[i].input_signed == b[i].input_signed);
+    }
+    CHECK(relpos::test::max_abs_diff(back.logits(x), ref) == 0.0f);
+    CHECK(back.labels() == m.labels());
+  }
+  const auto j = nlohmann::json::parse(std::ifstream(dir.file("q.json")));
+  CHECK(j["version"] == 2);
+  CHECK(j["tensors"]["stages.0.0.conv1_1x1.conv.weight"]["dtype"] == "int8");
+  CHECK(j["tensors"]["stages.0.0.conv1_1x1.conv.weight_scale"]["dtype"] == "float32");
+  const SafetensorsFile st = SafetensorsFile::read(dir.file("q.safetensors"));
+  CHECK(st.entry("stages.0.0.conv1_1x1.conv.weight").dtype == "I8");
+  // an int8 file is a quarter of the float one's weight bytes (plus scales)
+  Model f = tiny_model(4);
+  f.save_safetensors(dir.file("f.safetensors"));
+  CHECK(std::filesystem::file_size(dir.file("q.safetensors")) < std::filesystem::file_size(dir.file("f.safetensors")));
+  // a float model still writes (and reads) version 1
+  f.save_json(dir.file("f.json"));
+  CHECK(nlohmann::json::parse(std::ifstream(dir.file("f.json")))["version"] == 1);
+  CHECK(Model::load(dir.file("f.json")).network().int8_layers().empty());
+}
+
+TEST_CASE("int8 bad input: errors name the problem") {
+  relpos::test::TempDir dir;
+  Model m = tiny_model(5);
+  CHECK_THROWS_WITH_AS(quantize(m, {}, {}), doctest::Contains("no calibration images"), Error);
+  QuantizeOptions bad;
+  bad.keep_float = {"stages.9.conv"};
+  CHECK_THROWS_WITH_AS(quantize(m, random_batches(1, 4, 1), bad), doctest::Contains("stages.9.conv"), Error);
+  bad.keep_float = m.network().quantizable_layers();
+  CHECK_THROWS_WITH_AS(quantize(m, random_batches(1, 4, 1), bad), doctest::Contains("nothing to quantize"), Error);
+  {
+    Model nan_model = tiny_model(5);
+    nan_model.network().find("stages.0.0.conv2_kxk.conv.weight")->value->data()[3] = NAN;
+    nan_model.network().prepare_inference();
+    CHECK_THROWS_AS(quantize(nan_model, random_batches(1, 4, 1), {}), Error);
+  }
+  quantize(m, random_batches(1, 8, 1), {});
+  CHECK_THROWS_WITH_AS(quantize(m, random_batches(1, 4, 1), {}), doctest::Contains("already int8"), Error);
+  CHECK_THROWS_WITH_AS(m.network().forward(random_batches(1, 2, 1).front()), doctest::Contains("cannot be trained"),
+                       Error);
+
+  // files: an int8 layer's weights stored as float32, int8 in a version-1 file, an unknown layer
+  m.save_json(dir.file("q.json"), TensorEncoding::Numbers);
+  const auto j = nlohmann::json::parse(std::ifstream(dir.file("q.json")));
+  const auto write = [&](const nlohmann::json& v, const std::string& name) {
+    std::ofstream(dir.file(name)) << v.dump();
+    return dir.file(name);
+  };
+  auto f32 = j;
+  f32["tensors"]["stem.conv.weight"]["dtype"] = "float32";
+  CHECK_THROWS_WITH_AS(Model::load(write(f32, "a.json")), doctest::Contains("stem.conv.weight"), Error);
+  auto v1 = j;
+  v1["version"] = 1;
+  CHECK_THROWS_WITH_AS(Model::load(write(v1, "b.json")), doctest::Contains("version 2"), Error);
+  auto unknown = j;
+  unknown["quantization"]["layers"]["stages.7.0.conv1_1x1"] = {{"input", "u8"}};
+  CHECK_THROWS_WITH_AS(Model::load(write(unknown, "c.json")), doctest::Contains("stages.7.0.conv1_1x1"), Error);
+  auto range = j;
+  range["tensors"]["stem.conv.weight"]["data"][0] = -128;
+  CHECK_THROWS_WITH_AS(Model::load(write(range, "d.json")), doctest::Contains("[-127, 127]"), Error);
+  auto scale = j;
+  scale["tensors"]["stem.conv.input_scale"]["data"][0] = 0.0;
+  CHECK_THROWS_WITH_AS(Model::load(write(scale, "e.json")), doctest::Contains("input_scale"), Error);
+}
+
+TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be quantized") {
+  using relpos::test::run_cli;
+  relpos::test::TempDir dir;
+  const std::string cfg = relpos::test::tiny_rgb_config();
+  std::filesystem::create_directories(dir.file("empty"));
+  auto r = run_cli("quantize -m " + cfg + " --calib " + dir.file("empty") + " -o " + dir.file("q.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.file("empty")) != std::string::npos);
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("missing") + " -o " + dir.file("q.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("missing") != std::string::npos);
+  std::filesystem::create_directories(dir.file("bad"));
+  std::ofstream(dir.file("bad/a.png")) << "not a png";
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("bad") + " -o " + dir.file("q.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("could be read") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("q.json")));
+
+  relpos::test::make_pattern_dataset(dir.file("pat"), 4, 1);
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -n 8 -o " + dir.file("q.json") +
+              " --keep-float stem --sensitivity-images 2");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("stages.1.1.self_attn.qkv") != std::string::npos);
+  CHECK(r.out.find("sensitivity") != std::string::npos);
+  // an int8 model cannot be quantized again
+  r = run_cli("quantize -m " + dir.file("q.json") + " --calib " + dir.file("pat") + " -o " + dir.file("q2.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("already int8") != std::string::npos);
+  // ... but runs everywhere a float model does
+  r = run_cli("info " + dir.file("q.json"));
+  CHECK(r.status == 0);
+  CHECK(r.out.find("int8 (u8 in)") != std::string::npos);
+  r = run_cli("classify -m " + dir.file("q.json") + " " + dir.file("pat") + "/test -q");
+  CHECK(r.status == 0);
+  r = run_cli("bench -m " + dir.file("q.json") + " --batch 1 --warmup 0 --iters 1");
+  CHECK(r.status == 0);
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -o " + dir.file("q.txt"));
+  CHECK(r.status == 2);
+}
