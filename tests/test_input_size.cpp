@@ -14,6 +14,7 @@
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
 #include "relpos/model_config.hpp"
+#include "relpos/trainer.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -231,4 +232,48 @@ TEST_CASE("command line: --canvas and --input-size are checked") {
   const auto e = test::run_cli("eval -m " + config + " --input-size 0x5 -q");
   CHECK(e.status == 2);
   CHECK(e.out.find("--input-size") != std::string::npos);
+}
+
+TEST_CASE("training on canvases: the options go into the checkpoint, and a resumed run is the same run") {
+  test::TempDir dir;
+  const std::string data = dir.file("data");
+  test::make_pattern_dataset(data, 8, 2);  // 12x12 images, 3 classes
+  const auto canvas_model = [] {
+    ModelConfig c = ModelConfig::load(test::tiny_rgb_config());
+    c.input_size = {16, 16};
+    Preprocess pre = default_preprocess(c);
+    pre.crop = false;
+    return Model(Network(c, 4), {}, pre);
+  };
+  TrainOptions o;
+  o.data = data;
+  o.epochs = 2;
+  o.batch = 8;
+  o.augment.canvas = 16;
+  o.train_images = 16;  // of 24
+  o.seed = 2;
+  o.checkpoint_minutes = 0;
+  o.out = dir.file("full");
+  Model full = canvas_model();
+  const TrainResult r = train(full, o);
+  CHECK(r.images == doctest::Approx(32));  // 16 images, 2 epochs
+  CHECK(r.history.back().test_acc >= 0.0);  // scored on canvases of the test set
+  const TrainOptions back = TrainOptions::from_json(o.to_json());
+  CHECK(back.augment.canvas == 16);
+  CHECK(back.train_images == 16);
+  // stopped after 3 steps, resumed: the same canvases, so the same weights
+  o.out = dir.file("part");
+  o.max_steps = 3;
+  Model part = canvas_model();
+  train(part, o);
+  Model resumed = canvas_model();
+  TrainOptions how;
+  train(resumed, how, dir.file("part") + "/checkpoint.safetensors");
+  CHECK(test::weights_of(resumed) == test::weights_of(full));
+  // a canvas the model's input does not match is an error naming --canvas
+  o.out = dir.file("bad");
+  o.max_steps = 0;
+  o.augment.canvas = 20;
+  Model bad = canvas_model();
+  CHECK_THROWS_WITH_AS(train(bad, o), doctest::Contains("--canvas 20"), Error);
 }
