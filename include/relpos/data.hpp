@@ -8,6 +8,7 @@
 #include <memory>
 #include <opencv2/core.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relpos/preprocess.hpp"
@@ -80,6 +81,9 @@ struct Augment {
   bool hflip = false;       // horizontal flip with probability 1/2
   float erase_prob = 0.0f;  // random erasing (Zhong et al.) with this probability
   float erase_min_area = 0.02f, erase_max_area = 0.25f;
+  // > 0: before preprocessing, each image is placed on a black canvas x canvas square at a random
+  // position drawn per (seed, epoch, sample) (place_on_canvas); the other augmentations follow.
+  int canvas = 0;
 };
 
 struct Batch {
@@ -121,6 +125,37 @@ class DataLoader {
  private:
   struct Impl;  // threads, queue and locks: src/train/data_loader.cpp
   std::unique_ptr<Impl> impl_;
+};
+
+// The translation data of the position experiment: `item` (8-bit, 1 or 3 channels, at most
+// canvas x canvas) copied onto a black canvas x canvas image of its type with its top-left corner at
+// (y, x) = canvas_offset(...). Throws relpos::Error when the item does not fit.
+cv::Mat place_on_canvas(const cv::Mat& item, int canvas, std::uint64_t seed);
+// Where place_on_canvas puts an item of h x w: y uniform in [0, canvas - h], x in [0, canvas - w],
+// drawn from `seed`.
+std::pair<int, int> canvas_offset(int h, int w, int canvas, std::uint64_t seed);
+
+// Throws relpos::Error naming --canvas when the data's first image is larger than the canvas.
+void check_fits_canvas(const Dataset& data, int canvas);
+
+// A dataset whose images are placed on a canvas x canvas black square at a position fixed per
+// sample (drawn from the sample's index and `seed`, the same in every run): the evaluation side of
+// Augment::canvas. `base` must outlive it.
+class CanvasDataset : public Dataset {
+ public:
+  static constexpr std::uint64_t kDefaultSeed = 0x63616e766173ull;  // "canvas"
+  CanvasDataset(const Dataset& base, int canvas, std::uint64_t seed = kDefaultSeed);
+  std::size_t size() const override { return base_.size(); }
+  int label(std::size_t i) const override { return base_.label(i); }
+  cv::Mat image(std::size_t i) const override;
+  std::string name(std::size_t i) const override { return base_.name(i); }
+  const std::vector<std::string>& classes() const override { return base_.classes(); }
+  std::uint64_t sample_seed(std::size_t i) const;  // the seed place_on_canvas gets for sample i
+
+ private:
+  const Dataset& base_;
+  int canvas_;
+  std::uint64_t seed_;
 };
 
 // Deterministic per-sample randomness: a generator seeded from (seed, epoch, index).

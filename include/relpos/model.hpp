@@ -69,6 +69,13 @@ class Model {
   // Top-k predictions from logits (N, classes).
   std::vector<std::vector<Prediction>> top_k(const Tensor& logits, int k) const;
 
+  // This model built for another input size (height x width: its config's input_size and its
+  // preprocessing's size). Every tensor is kept, except the position tables sized for the old input
+  // (relative positions without clip, absolute positions), which are resampled: bilinear over the
+  // 2D grid for absolute tables, linear over the offsets for relative ones (docs/attention.md).
+  // `note`, when given, gets a sentence naming the resampled tables ("" when none was).
+  Model at_input_size(int height, int width, std::string* note = nullptr) const;
+
   Network& network() { return network_; }
   const Network& network() const { return network_; }
   const std::vector<std::string>& labels() const { return labels_; }

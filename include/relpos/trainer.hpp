@@ -60,7 +60,9 @@ struct TrainOptions {
   float warmup_epochs = 1.0f;
   float label_smoothing = 0.1f;
   OptimizerConfig optimizer;
-  Augment augment{2, true, 0.0f};
+  Augment augment{2, true, 0.0f};  // augment.canvas > 0: the translation data (data.hpp), with the
+                                   // validation and test images on canvases too (CanvasDataset)
+  long train_images = 0;  // > 0: train on the first this many images of the training set only
   std::uint64_t seed = 0;
   int workers = 1;        // data loader threads
   int eval_batch = 500;

@@ -176,7 +176,13 @@ Batch DataLoader::Impl::make(std::size_t index, const std::vector<std::size_t>& 
     if (bad_[i]) continue;
     Tensor one;
     try {
-      one = make_batch({data_.image(i)}, pre_);
+      const cv::Mat img = data_.image(i);
+      // a stream of its own, so that the placement does not repeat the crop's draws
+      one = make_batch({opt_.augment.canvas > 0 ? place_on_canvas(img, opt_.augment.canvas,
+                                                                  mix_seed(opt_.seed ^ CanvasDataset::kDefaultSeed,
+                                                                           static_cast<std::uint64_t>(epoch), i))
+                                                : img},
+                       pre_);
     } catch (const std::exception& e) {
       if (!bad_[i].exchange(true)) {
         ++skipped_count_;

@@ -37,7 +37,9 @@ void each_option(Options& o, F&& f) {
     g("erase_prob", o.augment.erase_prob);
     g("erase_min_area", o.augment.erase_min_area);
     g("erase_max_area", o.augment.erase_max_area);
+    g("canvas", o.augment.canvas);
   });
+  f("train_images", o.train_images);
   f("seed", o.seed);
   f("workers", o.workers);
   f("eval_batch", o.eval_batch);

@@ -142,6 +142,13 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
   opts.processes = dp.size();
+  // --canvas N: the model sees N x N canvases (its preprocessing must not resize them).
+  const int canvas = opts.augment.canvas;
+  RELPOS_CHECK(canvas >= 0, "--canvas must not be negative, got " << canvas);
+  RELPOS_CHECK(canvas == 0 || (model.preprocess().height == canvas && model.preprocess().width == canvas),
+               "--canvas " << canvas << ": the model's preprocessing takes " << model.preprocess().height << "x"
+                           << model.preprocess().width << " input; give a config whose input_size is [" << canvas
+                           << ", " << canvas << "]");
   // Every output path is checked before any work, so a run never fails at its end for a bad path.
   // Rank 0 alone writes (checkpoint, log, curves, model).
   std::error_code ec;
@@ -195,15 +202,26 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_all->classes().size() << " classes but the model has "
                          << net.config().num_classes << " outputs");
+  // --train-images N: the first N images of the training set (before any validation split).
+  std::optional<detail::DatasetSubset> train_head;
+  const Dataset* train_pool = train_all.get();
+  RELPOS_CHECK(opts.train_images >= 0, "--train-images must not be negative, got " << opts.train_images);
+  if (opts.train_images > 0 && static_cast<std::size_t>(opts.train_images) < train_all->size()) {
+    std::vector<std::size_t> first(static_cast<std::size_t>(opts.train_images));
+    for (std::size_t i = 0; i < first.size(); ++i) first[i] = i;
+    train_head.emplace(*train_all, std::move(first));
+    train_pool = &*train_head;
+  }
+  if (canvas > 0) check_fits_canvas(*train_pool, canvas);
   // Validation data: part of the training set (seeded), or a val/ folder.
-  const Dataset* train_data = train_all.get();
+  const Dataset* train_data = train_pool;
   std::optional<detail::DatasetSubset> train_part, val_part;
   std::unique_ptr<Dataset> val_folder;
   const Dataset* val_data = nullptr;
   if (opts.val_split > 0.0f) {
-    auto [kept, held] = detail::split_for_validation(*train_all, opts.val_split, opts.seed);
-    train_part.emplace(*train_all, std::move(kept));
-    val_part.emplace(*train_all, std::move(held));
+    auto [kept, held] = detail::split_for_validation(*train_pool, opts.val_split, opts.seed);
+    train_part.emplace(*train_pool, std::move(kept));
+    val_part.emplace(*train_pool, std::move(held));
     train_data = &*train_part;
     val_data = &*val_part;
   } else if (is_folder_data(opts.data) && fs::is_directory(fs::path(opts.data) / "val")) {
@@ -212,6 +230,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   }
   // With validation the test set is scored once at the end; without, after every epoch.
   auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test", model.labels()) : nullptr;
+  // With a canvas, validation and test images sit at positions fixed per image (the same in every run).
+  std::optional<CanvasDataset> val_canvas, test_canvas;
+  if (canvas > 0 && val_data) val_data = &val_canvas.emplace(*val_data, canvas);
+  const Dataset* test_set = test_data.get();
+  if (canvas > 0 && test_set) test_set = &test_canvas.emplace(*test_set, canvas);
 
   // The EMA of the weights (what is evaluated and saved when on) and a model to evaluate it in.
   std::optional<detail::WeightEma> ema;
@@ -367,8 +390,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);
       e.val_loss = ev.loss;
       e.val_acc = ev.top1;
-    } else if (test_data) {
-      const EvalResult ev = dp.evaluate(scored, *test_data, opts.eval_batch);
+    } else if (test_set) {
+      const EvalResult ev = dp.evaluate(scored, *test_set, opts.eval_batch);
       e.test_loss = ev.loss;
       e.test_acc = ev.top1;
     }
@@ -423,8 +446,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     final_model->save_json(opts.save);
     result.saved = opts.save;
   }
-  if (val_data && test_data) {  // the test set, once
-    const EvalResult ev = evaluate(*final_model, *test_data, opts.eval_batch);
+  if (val_data && test_set) {  // the test set, once
+    const EvalResult ev = evaluate(*final_model, *test_set, opts.eval_batch);
     result.test_loss = ev.loss;
     result.test_acc = ev.top1;
   }

@@ -2,6 +2,9 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <sstream>
+#include <utility>
 
 #include "cli_common.hpp"
 #include "progress_bar.hpp"
@@ -15,14 +18,49 @@ struct EvalArgs {
   PreprocessOptions pre;
   std::string data = "fashion-mnist", split = "test", png, compare;
   int batch = 500;
+  int canvas = 0;
+  std::string input_size;  // "N" or "HxW"
   bool json = false, quiet = false;
 };
 
+// "N" or "HxW" (--input-size)
+std::pair<int, int> parse_size(const std::string& text) {
+  int h = 0, w = 0;
+  char x = 0, extra = 0;
+  std::istringstream in(text);
+  bool ok = false;
+  if (text.find('x') == std::string::npos) {
+    ok = static_cast<bool>(in >> h) && !(in >> extra);
+    w = h;
+  } else {
+    ok = static_cast<bool>(in >> h >> x >> w) && x == 'x' && !(in >> extra);
+  }
+  RELPOS_USAGE_CHECK(ok && h >= 1 && w >= 1 && h <= 4096 && w <= 4096,
+                     "--input-size takes N or HxW (1 to 4096 each), got '" << text << "'");
+  return {h, w};
+}
+
 void run(const EvalArgs& a) {
   Model model = a.model.load();
+  // Another input size: the model is rebuilt for it, its position tables resampled when they
+  // depend on it (docs/attention.md). --canvas N alone runs the model at N x N.
+  std::optional<std::pair<int, int>> size;
+  if (!a.input_size.empty()) size = parse_size(a.input_size);
+  else if (a.canvas > 0) size = std::make_pair(a.canvas, a.canvas);
+  if (size && (size->first != model.network().config().input_size[0] ||
+               size->second != model.network().config().input_size[1] || size->first != model.preprocess().height ||
+               size->second != model.preprocess().width)) {
+    std::string note;
+    model = model.at_input_size(size->first, size->second, &note);
+    std::cerr << "relpos: running the model at " << size->first << "x" << size->second << " input"
+              << (note.empty() ? "" : "; " + note) << "\n";
+  }
   a.pre.apply(model);
   // Class folders are matched to the model's labels by name (docs/datasets.md).
-  const auto data = open_dataset(a.data, a.split, model.labels());
+  const auto base = open_dataset(a.data, a.split, model.labels());
+  std::optional<CanvasDataset> on_canvas;
+  if (a.canvas > 0) on_canvas.emplace(*base, a.canvas);
+  const Dataset* data = on_canvas ? static_cast<const Dataset*>(&*on_canvas) : base.get();
   ProgressBar bar("eval", a.quiet);
   const EvalResult r = evaluate(model, *data, a.batch, [&](std::size_t done, std::size_t total) { bar.update(done, total); });
   bar.finish();
@@ -45,7 +83,7 @@ void run(const EvalArgs& a) {
     agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
   }
   if (a.json) {
-    nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"images", r.count}, {"top1", r.top1},
+    nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"canvas", a.canvas}, {"images", r.count}, {"top1", r.top1},
                         {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}};
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
@@ -84,6 +122,13 @@ void register_eval(CLI::App& app) {
   sub->add_option("-b,--batch", a->batch, "Images per forward pass")
       ->check(at_least_one("--batch", "images per forward pass"))
       ->capture_default_str();
+  sub->add_option("--canvas", a->canvas,
+                  "Translation data (as train --canvas): each image on a black N x N canvas at a position fixed per "
+                  "image; runs the model at N x N unless --input-size says otherwise")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--input-size", a->input_size,
+                  "Run the model at this input size (N or HxW): position tables sized for its own input (relative "
+                  "without clip, absolute) are resampled (docs/attention.md)");
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
   sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
   sub->add_flag("--json", a->json, "Print one JSON object");

@@ -183,6 +183,16 @@ void register_train(CLI::App& app) {
   sub->add_option("--pad", a->opt.augment.pad, "Random-crop padding in pixels (0: off)")->capture_default_str();
   sub->add_flag("--no-flip", a->no_flip, "No random horizontal flips");
   sub->add_option("--erase", a->opt.augment.erase_prob, "Random-erasing probability")->capture_default_str();
+  sub->add_option("--canvas", a->opt.augment.canvas,
+                  "Translation data: place each image at a random position (per epoch and image, seeded) on a black "
+                  "N x N canvas before preprocessing; validation and test images at positions fixed per image. The "
+                  "model's input size must be N x N (0: off)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  sub->add_option("--train-images", a->opt.train_images,
+                  "Train on the first N images of the training set only (0: all)")
+      ->check(CLI::Range(0L, 1L << 40))
+      ->capture_default_str();
   sub->add_option("--seed", a->opt.seed, "Seed of data order and augmentation")->capture_default_str();
   sub->add_option("--init-seed", a->init_seed, "Seed of the initial weights")->capture_default_str();
   sub->add_option("-o,--out", a->opt.out, "Output folder")->capture_default_str();
