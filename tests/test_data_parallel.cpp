@@ -128,3 +128,28 @@ TEST_CASE("2 processes x batch 16 with --sync-bn train as 1 process x batch 32, 
   const std::string csv = slurp(d.path + "/two/log.csv");
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 3);  // header and 2 epochs
 }
+
+TEST_CASE("a process whose part of a batch is all unreadable: every process skips that step, none hangs") {
+  if (!can_run()) return;
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 2);
+  // three training images in four damaged: with 2 images per process, about half the parts of a
+  // batch are all unreadable (before, that process skipped the step alone and the others waited
+  // for it in the all-reduce forever)
+  int n = 0, damaged = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d.path + "/data/train"))
+    if (e.is_regular_file() && n++ % 4 != 0) {
+      std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "not a png";
+      ++damaged;
+    }
+  REQUIRE(damaged == 18);
+  const int status = sh("timeout 120 " + mpirun(2, kSharedMemory) + std::string(RELPOS_CLI_PATH) + " train -c " +
+                        relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b 2 --threads 1 --epochs 1 -o " +
+                        d.path + "/run > " + d.file("run.log") + " 2>&1");
+  const std::string log = slurp(d.file("run.log"));
+  INFO(log);
+  REQUIRE(status == 0);  // 124: timed out, i.e. hung
+  CHECK(log.find("process(es) had no readable image in their part of it") != std::string::npos);
+  CHECK(log.find("not a readable image") != std::string::npos);  // the damaged files are named as they are skipped
+  CHECK(fs::exists(d.path + "/run/model.json"));
+}

@@ -107,7 +107,9 @@ class DataLoader {
     // Data-parallel training: the epoch's order is cut into global batches of batch x shards
     // images, and this loader yields part `shard` (0-based) of each; batches_per_epoch() counts the
     // global batches. Every shard sees the same order, so shards 0..shards-1 of a batch together
-    // hold the images (and augmentations) that one loader with batch x shards would.
+    // hold the images (and augmentations) that one loader with batch x shards would. A shard's
+    // part can come out empty (all of its images unreadable): next() then yields the empty batch,
+    // where an unsharded loader skips it, so that every shard yields the same number of batches.
     int shards = 1, shard = 0;
   };
   DataLoader(const Dataset& data, const Preprocess& pre, Options options);

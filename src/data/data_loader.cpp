@@ -238,7 +238,9 @@ bool DataLoader::Impl::next(Batch& out) {
     ++next_take_;
     cv_.notify_all();
     if (err != errors_.end()) RELPOS_FAIL("the data loader failed to assemble a batch: " << err->second);
-    if (b.labels.empty()) continue;  // every sample of it was unreadable
+    // every sample of it was unreadable: skipped, except for a shard of a data-parallel run, whose
+    // trainer must take the same steps as the other processes (it asks them whether to skip)
+    if (b.labels.empty() && opt_.shards == 1) continue;
     out = std::move(b);
     return true;
   }

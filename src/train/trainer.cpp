@@ -87,6 +87,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
   double loss_sum = 0.0;
   long correct = 0;
   while (loader.next(b)) {
+    if (b.labels.empty()) continue;
     const Tensor logits = model.logits(b.images);
     loss_sum += ops::cross_entropy(logits, b.labels).loss * static_cast<double>(b.labels.size());
     for (std::size_t i = 0; i < b.labels.size(); ++i) {
@@ -315,6 +316,22 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     float lr = sched.at(prog.step);
     std::size_t done_now = 0;  // batches of this epoch run in this call
     while (loader.next(b)) {
+      if (dp.size() > 1) {  // a process whose part of the batch was all unreadable: all skip the step
+        double empty = b.labels.empty() ? 1.0 : 0.0;
+        dp.sum(&empty, 1);
+        if (empty > 0) {
+          if (dp.writer()) {
+            TrainEvent ev;
+            ev.kind = TrainEvent::Kind::Message;
+            ev.message = "skipped batch " + std::to_string(prog.batch_in_epoch + 1) + " of epoch " +
+                         std::to_string(prog.epoch + 1) + ": " + std::to_string(static_cast<int>(empty)) +
+                         " process(es) had no readable image in their part of it";
+            report(ev);
+          }
+          ++prog.batch_in_epoch;
+          continue;
+        }
+      }
       lr = sched.at(prog.step);
       const Tensor logits = net.forward(b.images.to(model.device()));
       const ops::CrossEntropy ce = ops::cross_entropy(logits, b.labels, opts.label_smoothing);
