@@ -178,8 +178,10 @@ TEST_CASE("position tables: resampling to the same size is the identity; a new s
 }
 
 TEST_CASE("a model built at one input size runs at another") {
-  for (const auto& [pos, clip] : {std::pair{PosEncoding::Relative, 0}, std::pair{PosEncoding::Absolute, 0},
-                                  std::pair{PosEncoding::Relative, 2}, std::pair{PosEncoding::None, 0}}) {
+  for (const auto& setup : {std::pair{PosEncoding::Relative, 0}, std::pair{PosEncoding::Absolute, 0},
+                            std::pair{PosEncoding::Relative, 2}, std::pair{PosEncoding::None, 0}}) {
+    const PosEncoding pos = setup.first;  // not a structured binding: CAPTURE takes them by reference
+    const int clip = setup.second;
     CAPTURE(to_string(pos));
     CAPTURE(clip);
     const Model m = small_model(pos, clip, 12);
