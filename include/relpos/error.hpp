@@ -34,4 +34,11 @@ inline std::string naming(const std::string& name, const std::string& message) {
     }                                                \
   } while (0)
 
-#define RELPOS_FAIL(msg) RELPOS_CHECK(false, msg)
+// An unconditional throw (not RELPOS_CHECK(false, ...)): unoptimised builds (-O0) do not fold the
+// condition, and would warn that a function ending in RELPOS_FAIL returns no value.
+#define RELPOS_FAIL(msg)                           \
+  do {                                             \
+    std::ostringstream relpos_fail_os_;            \
+    relpos_fail_os_ << msg;                        \
+    throw ::relpos::Error(relpos_fail_os_.str());  \
+  } while (0)
