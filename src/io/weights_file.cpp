@@ -60,18 +60,21 @@ Tensor tensor_from_json(const std::string& name, const json& t, int version, boo
                           << ")");
   const std::int64_t numel = numel_of(shape);  // throws on overflow; checked against the data BEFORE allocating
   const json& data = t.at("data");
+  // base64 text (the only encoding) to bytes, for int8 and float32 tensors alike
+  const auto decoded_bytes = [&] {
+    const std::string enc = t.value("encoding", "base64");
+    RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
+    try {
+      return base64_decode(data.get_ref<const std::string&>());
+    } catch (const Error& e) {
+      RELPOS_FAIL("tensor '" << name << "': " << e.what());
+    }
+  };
   if (*is_int8) {
     Tensor out(shape);
     float* p = out.data();
     if (data.is_string()) {
-      const std::string enc = t.value("encoding", "base64");
-      RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
-      std::vector<unsigned char> bytes;
-      try {
-        bytes = base64_decode(data.get_ref<const std::string&>());
-      } catch (const Error& e) {
-        RELPOS_FAIL("tensor '" << name << "': " << e.what());
-      }
+      const std::vector<unsigned char> bytes = decoded_bytes();
       RELPOS_CHECK(static_cast<std::int64_t>(bytes.size()) == numel,
                    "tensor '" << name << "' holds " << bytes.size() << " int8 values but shape " << to_string(shape)
                               << " needs " << numel);
@@ -88,14 +91,7 @@ Tensor tensor_from_json(const std::string& name, const json& t, int version, boo
     return out;
   }
   if (data.is_string()) {
-    const std::string enc = t.value("encoding", "base64");
-    RELPOS_CHECK(enc == "base64", "tensor '" << name << "' has unknown encoding '" << enc << "'");
-    std::vector<unsigned char> bytes;
-    try {
-      bytes = base64_decode(data.get_ref<const std::string&>());
-    } catch (const Error& e) {
-      RELPOS_FAIL("tensor '" << name << "': " << e.what());
-    }
+    const std::vector<unsigned char> bytes = decoded_bytes();
     RELPOS_CHECK(bytes.size() % 4 == 0 && static_cast<std::int64_t>(bytes.size() / 4) == numel,
                  "tensor '" << name << "' holds " << bytes.size() / 4 << " values but shape " << to_string(shape)
                             << " needs " << numel);
