@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "cli_run.hpp"
@@ -13,6 +15,7 @@
 #include "layers/int8_conv.hpp"
 #include "relpos/error.hpp"
 #include "relpos/quantize.hpp"
+#include "relpos/runtime.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -190,6 +193,146 @@ TEST_CASE("a quantized model's logits stay close to the float model's") {
   int int8_rows = 0;
   for (const LayerRow& row : k.network().summarize()) int8_rows += row.kind.find("int8") != std::string::npos;
   CHECK(int8_rows == static_cast<int>(names.size()) - 1);
+}
+
+TEST_CASE("u8 between blocks: a block's sum written as u8, max pooling and dequantizing u8") {
+  std::mt19937 rng(21);
+  Tensor xf = abs_of(random_tensor({2, 16, 7, 7}, rng, 1.0f)).channels_last();
+  const float in_scale = 3.0f / 255.0f, res_scale = 4.0f / 255.0f, out_scale = 5.0f / 255.0f;
+  const ops::QuantizedTensor x = ops::quantize_activation(xf, in_scale, false);
+  const ops::QuantizedTensor res =
+      ops::quantize_activation(abs_of(random_tensor({2, 24, 7, 7}, rng, 1.5f)).channels_last(), res_scale, false);
+  const Tensor w = random_tensor({24, 16, 1, 1}, rng, 0.3f), bias = random_tensor({24}, rng, 0.3f);
+  const QuantizedWeights q = quantize_per_channel(w);
+  ops::Int8ConvWeights iw;
+  iw.weight = &q.q;
+  iw.scale = &q.scale;
+  iw.bias = &bias;
+  iw.input_scale = in_scale;
+  OpCache cache;
+  const ops::ConvSpec spec{1, 0, 1};
+
+  // the u8 sum against the same int8 convolution in float32 out with the dequantized residual,
+  // quantized afterwards: the same up to one rounding step
+  const Tensor res_f = ops::dequantize_activation(res);
+  const Tensor ref = ops::conv2d_int8(x, iw, spec, {&res_f, Act::ReLU}, &cache);
+  const ops::QuantizedTensor want = ops::quantize_activation(ref, out_scale, false);
+  const ops::QuantizedTensor got = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &res, &cache);
+  REQUIRE(got.shape == want.shape);
+  CHECK(got.scale == out_scale);
+  const auto* g = static_cast<const std::uint8_t*>(got.data());
+  const auto* r = static_cast<const std::uint8_t*>(want.data());
+  const std::int64_t n = numel_of(got.shape);
+  int worst = 0, differ = 0, zero = 0, saturated = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(int{g[i]} - int{r[i]}));
+    differ += g[i] != r[i];
+    zero += r[i] == 0;
+    saturated += r[i] == 255;
+  }
+  CHECK(worst <= 1);
+  CHECK(differ < n / 20);
+  CHECK(zero < n / 2);  // the case is not trivial: most sums are positive and inside the range
+  CHECK(saturated < n / 10);
+  // without a residual: the plain requantized convolution again
+  const ops::QuantizedTensor plain = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, nullptr, &cache);
+  const ops::QuantizedTensor plain_ref =
+      ops::quantize_activation(ops::conv2d_int8(x, iw, spec, {nullptr, Act::ReLU}, &cache), out_scale, false);
+  int plain_worst = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    plain_worst = std::max(plain_worst, std::abs(int{static_cast<const std::uint8_t*>(plain.data())[i]} -
+                                                 int{static_cast<const std::uint8_t*>(plain_ref.data())[i]}));
+  CHECK(plain_worst <= 1);
+  // a residual of the wrong shape or sign is refused
+  ops::QuantizedTensor bad = res;
+  bad.is_signed = true;
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &bad, &cache), Error);
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &x, &cache), Error);
+
+  // dequantizing: exactly code * scale
+  const Tensor xd = ops::dequantize_activation(x);
+  const auto* xc = static_cast<const std::uint8_t*>(x.data());
+  for (std::int64_t i = 0; i < xd.numel(); ++i) REQUIRE(xd.data()[i] == in_scale * static_cast<float>(xc[i]));
+  // max pooling u8 codes is exact: the same codes as pooling the float values and quantizing
+  const ops::PoolSpec pool{ops::PoolKind::Max, 3, 2, 1};
+  const ops::QuantizedTensor pq = ops::max_pool2d_quantized(x, pool);
+  const ops::QuantizedTensor pr = ops::quantize_activation(ops::pool2d(xd, pool), in_scale, false);
+  REQUIRE(pq.shape == pr.shape);
+  CHECK(pq.shape == Shape{2, 16, 4, 4});
+  CHECK(std::memcmp(pq.data(), pr.data(), static_cast<std::size_t>(numel_of(pq.shape))) == 0);
+}
+
+TEST_CASE("an int8 network hands u8 from block to block: fewer float32 passes, logits close to float") {
+  // stem with a max pool, then an identity block (0.1) ahead of another block: the stem writes u8
+  // for stages.0.0 (pooled as u8) and stages.0.1 writes its sum as u8 for stages.1.0
+  relpos::test::TempDir dir;
+  const std::string cfg = dir.path + "/cfg.json";
+  std::ofstream(cfg) << R"({"name": "flow", "num_classes": 5, "in_chans": 3, "input_size": [16, 16], "act": "relu",
+    "stem": {"type": "conv", "chs": 8, "kernel": 3, "stride": 1, "pool": "maxpool"},
+    "stages": [{"type": "bottle", "depth": 2, "chs": 16, "stride": 1, "br": 0.5},
+               {"types": ["bottle", "self_attn"], "chs": 32, "stride": 2, "br": 0.5}],
+    "self_attn": {"heads": 2, "pos": "relative"}})";
+  Model m = Model::create(cfg, 4);
+  std::mt19937 rng(104);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f), c(-0.2f, 0.2f);
+  for (const ParamRef& p : m.network().params()) {
+    const std::string& n = p.name;
+    const auto ends = [&](const std::string& e) { return n.size() >= e.size() && n.compare(n.size() - e.size(), e.size(), e) == 0; };
+    if (ends("bn.weight") || ends("running_var") || (ends(".weight") && n.find("post_attn") != std::string::npos))
+      for (std::int64_t i = 0; i < p.value->numel(); ++i) p.value->data()[i] = u(rng);
+    else if (ends("bn.bias") || ends("running_mean"))
+      for (std::int64_t i = 0; i < p.value->numel(); ++i) p.value->data()[i] = c(rng);
+  }
+  m.network().prepare_inference();
+  std::vector<Tensor> calib;
+  for (int b = 0; b < 4; ++b) calib.push_back(random_tensor({16, 3, 16, 16}, rng, 1.0f).channels_last());
+  const Tensor x = random_tensor({32, 3, 16, 16}, rng, 1.0f).channels_last();
+  const Tensor ref = m.logits(x);
+  QuantizeOptions opt;
+  opt.sensitivity_images = 0;
+  quantize(m, calib, opt);
+  REQUIRE(m.network().int8_layers().size() == m.network().quantizable_layers().size());
+
+  set_profiling(true);
+  reset_profile();
+  const Tensor got = m.logits(x);
+  set_profiling(false);
+  std::map<std::string, long> quantized, pooled;
+  for (const ProfileRow& row : profile_rows()) {
+    if (row.op.rfind("quantize_activation", 0) == 0) quantized[row.layer] += row.calls;
+    if (row.op.rfind("pool2d", 0) == 0) pooled[row.layer] += row.calls;
+  }
+  reset_profile();
+  CHECK(quantized["stem"] == 1);        // the image (s8)
+  CHECK(quantized["stages.0.0"] == 0);  // u8 from the stem, max-pooled as u8
+  CHECK(pooled["stem"] == 1);
+  CHECK(quantized["stages.0.1"] == 1);  // 0.0 has a projection shortcut: float32 out
+  CHECK(quantized["stages.1.0"] == 0);  // u8 from 0.1's sum
+  const double err = relative_rms(ref, got);
+  MESSAGE("relative RMS logits error with u8 between blocks: " << err);
+  CHECK(err > 0.0);
+  CHECK(err < 0.05);
+  // against float32 between the blocks (infer_features takes that path through the same int8
+  // layers): the head, global average pool then linear, on the last stage's features
+  const Tensor feat = m.network().infer_features(x).back().contiguous();
+  const Tensor fw = m.network().find("head.fc.weight")->value->contiguous();
+  const Tensor fb = m.network().find("head.fc.bias")->value->contiguous();
+  const std::int64_t C = feat.dim(1), HW = feat.dim(2) * feat.dim(3), K = fw.dim(0);
+  Tensor between({x.dim(0), K});
+  for (std::int64_t i = 0; i < x.dim(0); ++i)
+    for (std::int64_t k = 0; k < K; ++k) {
+      double acc = fb.data()[k];
+      for (std::int64_t ch = 0; ch < C; ++ch) {
+        double mean = 0;
+        for (std::int64_t p = 0; p < HW; ++p) mean += feat.data()[(i * C + ch) * HW + p];
+        acc += fw.data()[k * C + ch] * mean / static_cast<double>(HW);
+      }
+      between.data()[i * K + k] = static_cast<float>(acc);
+    }
+  const double flow_err = relative_rms(between, got);
+  MESSAGE("relative RMS logits difference, u8 against float32 between blocks: " << flow_err);
+  CHECK(flow_err > 0.0);  // the paths differ (the residual of stages.0.1 is rounded to u8)
+  CHECK(flow_err < 0.02);
 }
 
 TEST_CASE("int8 models round-trip through the weights JSON and safetensors") {

@@ -55,10 +55,22 @@ Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const Con
   return cpu::conv2d_int8(x, w, spec, epilogue, cache);
 }
 QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
-                                        Act act, float out_scale, OpCache* cache) {
+                                        Act act, float out_scale, const QuantizedTensor* residual, OpCache* cache) {
   check_int8("conv2d_int8", x.storage, w, {}, cache);
   const detail::OpTimer timer("conv2d_int8", false);
-  return cpu::conv2d_int8_requantized(x, w, spec, act, out_scale, cache);
+  return cpu::conv2d_int8_requantized(x, w, spec, act, out_scale, residual, cache);
+}
+Tensor dequantize_activation(const QuantizedTensor& q) {
+  RELPOS_CHECK(q.storage.is_cpu(), "int8 layers run on the CPU only");
+  detail::apply_thread_setting();
+  const detail::OpTimer timer("dequantize_activation", false);
+  return cpu::dequantize_activation(q);
+}
+QuantizedTensor max_pool2d_quantized(const QuantizedTensor& x, const PoolSpec& spec) {
+  RELPOS_CHECK(x.storage.is_cpu(), "int8 layers run on the CPU only");
+  detail::apply_thread_setting();
+  const detail::OpTimer timer("pool2d", false);
+  return cpu::max_pool2d_quantized(x, spec);
 }
 ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec, bool need_dx) {
   same_device("conv2d backward", x, {&w, &dy});

@@ -71,10 +71,15 @@ Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& sp
 // The same from an input already quantized with w's input scale and type.
 Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
                    const Epilogue& epilogue, OpCache* cache);
-// act(conv + bias) written straight to u8 with out_scale (the next int8 layer's input scale);
-// act must be ReLU (the output is never negative).
+// act(conv + bias [+ residual]) written straight to u8 with out_scale (the next int8 layer's input
+// scale); act must be ReLU (the output is never negative). The residual, when given, is u8 of the
+// output's shape in its own scale (a block's quantized input: docs/int8.md).
 QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
-                                        Act act, float out_scale, OpCache* cache);
+                                        Act act, float out_scale, const QuantizedTensor* residual, OpCache* cache);
+// x = q * scale in float32, channels-last.
+Tensor dequantize_activation(const QuantizedTensor& q);
+// Max pooling on quantized values (it commutes with the monotone quantization, so it is exact).
+QuantizedTensor max_pool2d_quantized(const QuantizedTensor& x, const PoolSpec& spec);
 
 }  // namespace ops
 }  // namespace relpos

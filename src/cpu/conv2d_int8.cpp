@@ -54,9 +54,11 @@ struct Int8Plan {
   bool has_bias = false;
 };
 
-// out_scale > 0: the output is u8 with that scale, else float32.
+// out_scale > 0: the output is u8 with that scale, else float32. sum_scale > 0: a residual is added
+// (sum post-op) from the destination, which holds it beforehand in units of sum_scale: its float32
+// value (sum_scale 1) or, for u8 output, its u8 codes (sum_scale = residual scale / out_scale).
 std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
-                                    const ops::Epilogue& ep, float out_scale) {
+                                    Act act, float sum_scale, float out_scale) {
   RELPOS_CHECK(w.scale->numel() == g.o, "conv2d_int8: " << w.scale->numel() << " weight scales for " << g.o
                                                         << " output channels");
   RELPOS_CHECK(std::isfinite(w.input_scale) && w.input_scale > 0,
@@ -74,9 +76,9 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
   }
   attr.set_output_scales(1 << 1, scales);  // per output channel (dimension 1 of dst)
   dnnl::post_ops po;
-  if (ep.residual) po.append_sum(1.0f);
-  if (ep.act == Act::ReLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-  if (ep.act == Act::SiLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
+  if (sum_scale > 0) po.append_sum(sum_scale);
+  if (act == Act::ReLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (act == Act::SiLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
   attr.set_post_ops(po);
   const dims strides{spec.stride, spec.stride}, pad_l{spec.pad, spec.pad};
   const dims pad_r{(g.oh - 1) * spec.stride + g.kh - g.h - spec.pad, (g.ow - 1) * spec.stride + g.kw - g.w - spec.pad};
@@ -120,16 +122,17 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
 }
 
 std::shared_ptr<Int8Plan> plan_for(const Geometry& g, const ops::Int8ConvWeights& w, const ops::ConvSpec& s,
-                                   const ops::Epilogue& ep, float out_scale, OpCache* cache) {
+                                   Act act, float sum_scale, float out_scale, OpCache* cache) {
   std::ostringstream os;
+  os.precision(9);
   os << "conv8:" << omp_get_max_threads() << ":" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride
-     << ',' << s.pad << ',' << s.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act)
-     << (w.bias != nullptr) << ':' << out_scale;
+     << ',' << s.pad << ',' << s.groups << ':' << sum_scale << ',' << static_cast<int>(act) << (w.bias != nullptr)
+     << ':' << out_scale;
   const std::string key = os.str();
   std::shared_ptr<Int8Plan> plan;
   if (cache) plan = std::static_pointer_cast<Int8Plan>(cache->find(key));
   if (!plan) {
-    plan = make_plan(g, w, s, ep, out_scale);
+    plan = make_plan(g, w, s, act, sum_scale, out_scale);
     if (cache) cache->put(key, plan);
   }
   return plan;
@@ -210,7 +213,7 @@ ops::QuantizedTensor quantize_activation(const Tensor& x_in, float scale, bool i
 Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
                    const ops::Epilogue& ep, OpCache* cache) {
   const Geometry g = checked_geometry(x, w, spec);
-  const auto plan = plan_for(g, w, spec, ep, 0.0f, cache);
+  const auto plan = plan_for(g, w, spec, ep.act, ep.residual ? 1.0f : 0.0f, 0.0f, cache);
   Tensor y({g.n, g.o, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
   if (ep.residual) {
     RELPOS_CHECK(ep.residual->shape() == y.shape(), "conv2d_int8: residual " << ep.residual->describe()
@@ -223,13 +226,63 @@ Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
 }
 
 ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
-                                             const ops::ConvSpec& spec, Act act, float out_scale, OpCache* cache) {
+                                             const ops::ConvSpec& spec, Act act, float out_scale,
+                                             const ops::QuantizedTensor* residual, OpCache* cache) {
   RELPOS_CHECK(act == Act::ReLU, "conv2d_int8_requantized: only a ReLU output (never negative) goes to u8");
   RELPOS_CHECK(std::isfinite(out_scale) && out_scale > 0, "conv2d_int8_requantized: bad output scale " << out_scale);
   const Geometry g = checked_geometry(x, w, spec);
-  const auto plan = plan_for(g, w, spec, {nullptr, act}, out_scale, cache);
   ops::QuantizedTensor y = empty_quantized({g.n, g.o, g.oh, g.ow}, out_scale, false);
+  float sum_scale = 0.0f;
+  if (residual) {
+    RELPOS_CHECK(residual->defined() && residual->shape == y.shape && !residual->is_signed,
+                 "conv2d_int8_requantized: the residual must be u8 of the output's shape " << to_string(y.shape)
+                                                                                         << ", got "
+                                                                                         << to_string(residual->shape));
+    sum_scale = residual->scale / out_scale;
+    std::memcpy(y.data(), residual->data(), static_cast<std::size_t>(numel_of(y.shape)));
+  }
+  const auto plan = plan_for(g, w, spec, act, sum_scale, out_scale, cache);
   run(*plan, x, dnnl::memory(plan->pd.dst_desc(), engine(), y.data()));
+  return y;
+}
+
+Tensor dequantize_activation(const ops::QuantizedTensor& q) {
+  RELPOS_CHECK(q.defined() && q.shape.size() == 4, "dequantize_activation: the input must be (N, C, H, W)");
+  Tensor y(q.shape, Device::CPU, Layout::ChannelsLast);
+  float* dst = y.data();
+  const std::int64_t n = y.numel();
+  const float s = q.scale;
+  constexpr std::int64_t kParallelFrom = std::int64_t{1} << 21;  // as quantize_activation
+  if (q.is_signed) {
+    const auto* src = static_cast<const std::int8_t*>(q.data());
+#pragma omp parallel for simd schedule(static) if (n > kParallelFrom)
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = s * static_cast<float>(src[i]);
+  } else {
+    const auto* src = static_cast<const std::uint8_t*>(q.data());
+#pragma omp parallel for simd schedule(static) if (n > kParallelFrom)
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = s * static_cast<float>(src[i]);
+  }
+  return y;
+}
+
+ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& s) {
+  RELPOS_CHECK(x.defined() && x.shape.size() == 4, "max_pool2d_quantized: the input must be (N, C, H, W)");
+  RELPOS_CHECK(s.kind == ops::PoolKind::Max, "max_pool2d_quantized: max pooling only (it commutes with quantization)");
+  RELPOS_CHECK(s.kernel >= 1 && s.stride >= 1 && s.pad >= 0 && 2 * s.pad <= s.kernel,
+               "max_pool2d_quantized: bad kernel " << s.kernel << " stride " << s.stride << " pad " << s.pad);
+  const std::int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
+  const std::int64_t oh = (h + 2 * s.pad - s.kernel) / s.stride + 1, ow = (w + 2 * s.pad - s.kernel) / s.stride + 1;
+  RELPOS_CHECK(oh > 0 && ow > 0, "max_pool2d_quantized: input " << to_string(x.shape) << " is smaller than the window");
+  ops::QuantizedTensor y = empty_quantized({n, c, oh, ow}, x.scale, x.is_signed);
+  const dt type = x.is_signed ? dt::s8 : dt::u8;
+  const dnnl::memory::desc src_md({n, c, h, w}, type, tag::nhwc), dst_md({n, c, oh, ow}, type, tag::nhwc);
+  const dims pad_r = {(oh - 1) * s.stride + s.kernel - h - s.pad, (ow - 1) * s.stride + s.kernel - w - s.pad};
+  dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, src_md, dst_md,
+                                {s.stride, s.stride}, {s.kernel, s.kernel}, {s.pad, s.pad}, pad_r);
+  dnnl::pooling_forward::primitive_desc pd(d, scratch_attr(), engine());
+  execute(dnnl::pooling_forward(pd), pd.scratchpad_desc(),
+          {{DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), engine(), const_cast<void*>(x.data()))},
+           {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), engine(), y.data())}});
   return y;
 }
 

@@ -12,5 +12,8 @@ ops::QuantizedTensor quantize_activation(const Tensor& x, float scale, bool is_s
 Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
                    const ops::Epilogue& epilogue, OpCache* cache);
 ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
-                                             const ops::ConvSpec& spec, Act act, float out_scale, OpCache* cache);
+                                             const ops::ConvSpec& spec, Act act, float out_scale,
+                                             const ops::QuantizedTensor* residual, OpCache* cache);
+Tensor dequantize_activation(const ops::QuantizedTensor& q);
+ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec);
 }  // namespace relpos::cpu

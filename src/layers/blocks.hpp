@@ -26,13 +26,20 @@ class ResidualBlock : public Module {
   void quantizables(std::vector<Quantizable*>& out) override;
   using Module::init;  // the one-argument form stays visible
   virtual void init(Init& init, bool zero_init_last);
+  // int8 inference between blocks (docs/int8.md). u8_input(): conv1 when it runs in int8 on u8, so
+  // the previous block may hand over its output as u8 in conv1's scale; else nullptr.
+  const Int8Conv* u8_input() const;
+  // infer() from a float32 input or a u8 one (in u8_input()'s scale). The output is u8 in the
+  // scale of `next` when this block can write it so (identity shortcut, ReLU, conv3 in int8,
+  // `next` takes u8), else float32.
+  BlockFlow infer_flow(const BlockFlow& in, const Int8Conv* next) const;
 
  protected:
   // The layers between the block input and conv3_1x1, registered in timm's order.
   virtual std::vector<std::pair<std::string, Module*>> body() const = 0;
-  // With conv1 in int8: the block from its input quantized for conv1 and the shortcut's output,
-  // passing u8 between int8 layers where they allow it.
-  virtual Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const = 0;
+  // With conv1 in int8: the body from the block input quantized for conv1, up to conv3's input
+  // (u8 in conv3's input scale where the layers allow it, else float32).
+  virtual BlockFlow infer_body_int8(const ops::QuantizedTensor& qx) const = 0;
   Act act_;
   std::unique_ptr<ConvNormAct> shortcut_;  // null: identity
   std::unique_ptr<ConvNormAct> conv1_, conv3_;
@@ -50,7 +57,7 @@ class BottleneckBlock : public ResidualBlock {
 
  protected:
   std::vector<std::pair<std::string, Module*>> body() const override;
-  Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const override;
+  BlockFlow infer_body_int8(const ops::QuantizedTensor& qx) const override;
 
  private:
   std::unique_ptr<ConvNormAct> conv2_;
@@ -67,7 +74,7 @@ class SelfAttnBlock : public ResidualBlock {
 
  protected:
   std::vector<std::pair<std::string, Module*>> body() const override;
-  Tensor infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& shortcut) const override;
+  BlockFlow infer_body_int8(const ops::QuantizedTensor& qx) const override;
 
  private:
   std::unique_ptr<QkvAttention> attn_;

@@ -15,11 +15,11 @@ BottleneckBlock::BottleneckBlock(int in, int out, int stride, float bottle_ratio
 
 std::vector<std::pair<std::string, Module*>> BottleneckBlock::body() const { return {{"conv2_kxk", conv2_.get()}}; }
 
-Tensor BottleneckBlock::infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& sc) const {
-  if (!conv1_->can_feed(conv2_->int8())) return conv3_->infer(conv2_->infer(conv1_->infer(qx)), &sc, act_);
+BlockFlow BottleneckBlock::infer_body_int8(const ops::QuantizedTensor& qx) const {
+  if (!conv1_->can_feed(conv2_->int8())) return {conv2_->infer(conv1_->infer(qx)), {}};
   const ops::QuantizedTensor h1 = conv1_->infer_requantized(qx, *conv2_->int8());
-  if (!conv2_->can_feed(conv3_->int8())) return conv3_->infer(conv2_->infer(h1), &sc, act_);
-  return conv3_->infer(conv2_->infer_requantized(h1, *conv3_->int8()), &sc, act_);
+  if (!conv2_->can_feed(conv3_->int8())) return {conv2_->infer(h1), {}};
+  return {Tensor(), conv2_->infer_requantized(h1, *conv3_->int8())};
 }
 
 void BottleneckBlock::init(Init& init, bool zero_init_last) {

@@ -87,6 +87,14 @@ ops::QuantizedTensor ConvNormAct::infer_requantized(const ops::QuantizedTensor& 
   return int8_->infer_requantized(x, spec_, next);
 }
 
+ops::QuantizedTensor ConvNormAct::infer_requantized_sum(const ops::QuantizedTensor& x,
+                                                        const ops::QuantizedTensor& residual, Act act,
+                                                        const Int8Conv& next) const {
+  RELPOS_CHECK(int8_ && act == Act::ReLU && !next.input_signed(),
+               "internal: " << name_ << " cannot write its sum as u8 for the next layer");
+  return int8_->infer_requantized(x, spec_, next, &residual);
+}
+
 Tensor ConvNormAct::forward(const Tensor& x) {
   RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
   x_ = x;

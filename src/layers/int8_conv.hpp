@@ -40,9 +40,10 @@ class Int8Conv {
   ops::QuantizedTensor quantize(const Tensor& x) const;
   // From an input quantized as this layer takes it; float32 out.
   Tensor infer(const ops::QuantizedTensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const;
-  // ReLU(conv(x) + bias) written as u8 in the input scale of `next` (which must take u8).
+  // ReLU(conv(x) + bias [+ residual]) written as u8 in the input scale of `next` (which must take
+  // u8); the residual is u8 of the output's shape, in its own scale.
   ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
-                                         const Int8Conv& next) const;
+                                         const Int8Conv& next, const ops::QuantizedTensor* residual = nullptr) const;
   void prepare_inference() { cache_.clear(); }
   bool input_signed() const { return signed_; }
   float input_scale() const;
@@ -53,6 +54,13 @@ class Int8Conv {
   Tensor weight_, scale_, bias_, input_scale_;
   bool signed_ = false;
   mutable OpCache cache_;
+};
+
+// During int8 inference a block's input or output (docs/int8.md): float32 (f), or u8 (q) already in
+// the input scale of the int8 layer that reads it, so no float32 pass lies between two blocks.
+struct BlockFlow {
+  Tensor f;
+  ops::QuantizedTensor q;
 };
 
 // A layer that can run in int8: a convolution with its batch norm (ConvNormAct) or an attention

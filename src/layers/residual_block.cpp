@@ -41,18 +41,44 @@ Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix
 }
 
 Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const {
-  if (!maps && conv1_->int8()) {
-    // the block input quantized once, for conv1 and for an int8 shortcut that takes the same
-    const ops::QuantizedTensor qx = conv1_->quantize_input(x);
-    const Int8Conv* s = shortcut_ ? shortcut_->int8() : nullptr;
-    const bool shared = s && s->input_scale() == qx.scale && s->input_signed() == qx.is_signed;
-    const Tensor sc = !shortcut_ ? x : shared ? shortcut_->infer(qx) : shortcut_->infer(x);
-    return infer_body_int8(qx, sc);
-  }
+  if (!maps && conv1_->int8()) return infer_flow({x, {}}, nullptr).f;
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
   for (auto& [name, m] : body()) h = maps ? m->infer_attention(h, *prefix + name + ".", *maps) : m->infer(h);
   return conv3_->infer(h, &sc, act_);
+}
+
+const Int8Conv* ResidualBlock::u8_input() const {
+  const Int8Conv* c = conv1_->int8();
+  return c && !c->input_signed() ? c : nullptr;
+}
+
+BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) const {
+  RELPOS_CHECK(in.f.defined() || u8_input(), "internal: a u8 input for a block that does not take one");
+  if (!conv1_->int8()) return {infer(in.f), {}};
+  // the block input quantized once, for conv1 and for an int8 shortcut that takes the same
+  const ops::QuantizedTensor qx = in.q.defined() ? in.q : conv1_->quantize_input(in.f);
+  Tensor x = in.f;  // float32, made from the u8 input only where a float32 layer needs it
+  auto float_input = [&]() -> const Tensor& {
+    if (!x.defined()) x = ops::dequantize_activation(qx);
+    return x;
+  };
+  const BlockFlow body = infer_body_int8(qx);
+  // u8 out: the identity shortcut adds the u8 input inside conv3's epilogue
+  if (!shortcut_ && next && act_ == Act::ReLU && conv3_->int8() && !next->input_signed() && !qx.is_signed) {
+    const ops::QuantizedTensor h = body.q.defined() ? body.q : conv3_->quantize_input(body.f);
+    return {Tensor(), conv3_->infer_requantized_sum(h, qx, act_, *next)};
+  }
+  Tensor sc;
+  if (shortcut_) {
+    const Int8Conv* s = shortcut_->int8();
+    const bool shared = s && s->input_scale() == qx.scale && s->input_signed() == qx.is_signed;
+    sc = shared ? shortcut_->infer(qx) : shortcut_->infer(float_input());
+  } else {
+    sc = float_input();
+  }
+  if (body.q.defined()) return {conv3_->infer(body.q, &sc, act_), {}};
+  return {conv3_->infer(body.f, &sc, act_), {}};
 }
 
 Tensor ResidualBlock::forward(const Tensor& x) {

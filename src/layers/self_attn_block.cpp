@@ -14,10 +14,10 @@ std::vector<std::pair<std::string, Module*>> SelfAttnBlock::body() const {
 
 SelfAttnBlock::~SelfAttnBlock() = default;
 
-Tensor SelfAttnBlock::infer_body_int8(const ops::QuantizedTensor& qx, const Tensor& sc) const {
+BlockFlow SelfAttnBlock::infer_body_int8(const ops::QuantizedTensor& qx) const {
   const Tensor att = conv1_->can_feed(attn_->int8()) ? attn_->infer(conv1_->infer_requantized(qx, *attn_->int8()))
                                                      : attn_->infer(conv1_->infer(qx));
-  return conv3_->infer(post_attn_->infer(att), &sc, act_);
+  return {post_attn_->infer(att), {}};
 }
 
 void SelfAttnBlock::init(Init& init, bool zero_init_last) {

@@ -33,11 +33,24 @@ void Stem::init(Init& init) {
 }
 
 Tensor Stem::infer(const Tensor& x, Tensor* pre_pool) const {
+  if (!pre_pool) return infer_flow(x, nullptr).f;
+  const BlockFlow h = convs(x, nullptr);
+  *pre_pool = h.f;
+  return pool_ ? ops::pool2d(h.f, kStemPool) : h.f;
+}
+
+BlockFlow Stem::infer_flow(const Tensor& x, const Int8Conv* next) const {
+  const BlockFlow h = convs(x, next);
+  if (h.q.defined()) return {Tensor(), pool_ ? ops::max_pool2d_quantized(h.q, kStemPool) : h.q};
+  return {pool_ ? ops::pool2d(h.f, kStemPool) : h.f, {}};
+}
+
+BlockFlow Stem::convs(const Tensor& x, const Int8Conv* after) const {
   Tensor h = x;
   ops::QuantizedTensor q;  // set while int8 convolutions pass u8 along (docs/int8.md)
   for (std::size_t i = 0; i < convs_.size(); ++i) {
     const ConvNormAct& c = *convs_[i].second;
-    const Int8Conv* next = i + 1 < convs_.size() ? convs_[i + 1].second->int8() : nullptr;
+    const Int8Conv* next = i + 1 < convs_.size() ? convs_[i + 1].second->int8() : after;
     if (c.can_feed(next)) {
       q = c.infer_requantized(q.defined() ? q : c.quantize_input(h), *next);
     } else if (q.defined()) {
@@ -47,8 +60,8 @@ Tensor Stem::infer(const Tensor& x, Tensor* pre_pool) const {
       h = c.infer(h);
     }
   }
-  if (pre_pool) *pre_pool = h;
-  return pool_ ? ops::pool2d(h, kStemPool) : h;
+  if (q.defined()) return {Tensor(), q};
+  return {h, {}};
 }
 
 Tensor Stem::forward(const Tensor& x) {

@@ -19,6 +19,9 @@ class Stem : public Module {
   Tensor infer(const Tensor& x) const override { return infer(x, nullptr); }
   // pre_pool (if given) receives the last convolution's output, before the max pool.
   Tensor infer(const Tensor& x, Tensor* pre_pool) const;
+  // int8 inference (docs/int8.md): with `next` (the first block's conv1, taking u8) and the last
+  // convolution in int8 with a ReLU, the output is u8 in next's scale (max-pooled as u8), else float32.
+  BlockFlow infer_flow(const Tensor& x, const Int8Conv* next) const;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;
@@ -32,6 +35,8 @@ class Stem : public Module {
   int reduction() const { return reduction_; }
 
  private:
+  // The convolutions, the last writing u8 for `after` when it can.
+  BlockFlow convs(const Tensor& x, const Int8Conv* after) const;
   std::vector<std::pair<std::string, std::unique_ptr<ConvNormAct>>> convs_;
   bool pool_ = false;
   int reduction_ = 1;

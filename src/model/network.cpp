@@ -174,18 +174,24 @@ void Network::prepare_inference() {
 Tensor Network::infer(const Tensor& x) const {
   const Impl& m = *impl_;
   m.check_input(x);
-  Tensor h;
+  // int8 layers hand u8 from block to block where both ends allow it (docs/int8.md)
+  std::vector<const ResidualBlock*> blocks;
+  for (const auto& stage : m.stages)
+    for (const auto& b : stage) blocks.push_back(b.get());
+  auto u8_input = [&](std::size_t k) { return k < blocks.size() ? blocks[k]->u8_input() : nullptr; };
+  BlockFlow h;
   {
     detail::ScopedLayer layer(m.stem_name);
-    h = m.stem->infer(x);
+    h = m.stem->infer_flow(x, u8_input(0));
   }
+  std::size_t k = 0;
   for (std::size_t i = 0; i < m.stages.size(); ++i)
-    for (std::size_t j = 0; j < m.stages[i].size(); ++j) {
+    for (std::size_t j = 0; j < m.stages[i].size(); ++j, ++k) {
       detail::ScopedLayer layer(m.block_names[i][j]);
-      h = m.stages[i][j]->infer(h);
+      h = blocks[k]->infer_flow(h, u8_input(k + 1));
     }
   detail::ScopedLayer layer(m.head_name);
-  return m.head->infer(h);
+  return m.head->infer(h.f);
 }
 
 std::vector<Tensor> Network::infer_features(const Tensor& x) const {
