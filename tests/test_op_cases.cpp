@@ -2,6 +2,7 @@
 // case; every case's forward matches its naive reference (or is covered by named golden files);
 // every differentiable input's gradient matches finite differences. test_cuda runs the same table
 // for CPU vs CUDA parity, and relpos_microbench times the cases marked bench.
+#include <random>
 #include <set>
 
 #include "op_cases.hpp"
@@ -65,4 +66,26 @@ TEST_CASE("every case: forward against its reference, gradients against finite d
   }
   MESSAGE(referenced << " cases against naive references, " << golden << " covered by golden files, " << fd
                      << " with finite-difference gradients");
+}
+
+TEST_CASE("conv2d with overwrite_residual adds onto the residual's storage; without it the residual is kept") {
+  std::mt19937 rng(31);
+  const Tensor x = relpos::test::random_tensor({2, 6, 7, 7}, rng, 1.0f).channels_last();
+  const Tensor w = relpos::test::random_tensor({5, 6, 3, 3}, rng, 0.3f);
+  const Tensor b = relpos::test::random_tensor({5}, rng, 0.3f);
+  const Tensor res = relpos::test::random_tensor({2, 5, 7, 7}, rng, 1.0f).channels_last();
+  const ops::ConvSpec sp{1, 1, 1};
+  const Tensor kept = res.clone();
+  const Tensor copied = ops::conv2d(x, w, &b, sp, {&res, Act::ReLU});
+  CHECK(copied.data() != res.data());
+  CHECK(res.to_vector() == kept.to_vector());  // untouched
+  Tensor scratch = res.clone();
+  const Tensor in_place = ops::conv2d(x, w, &b, sp, {&scratch, Act::ReLU, true});
+  CHECK(in_place.data() == scratch.data());  // the output is the residual's storage
+  CHECK(in_place.to_vector() == copied.to_vector());
+  // a residual that is not channels-last is copied even when it may be overwritten
+  const Tensor plain = res.contiguous();
+  const Tensor from_plain = ops::conv2d(x, w, &b, sp, {&plain, Act::ReLU, true});
+  CHECK(from_plain.data() != plain.data());
+  CHECK(from_plain.to_vector() == copied.to_vector());
 }

@@ -29,6 +29,9 @@ struct ConvSpec {
 struct Epilogue {
   const Tensor* residual = nullptr;
   Act act = Act::None;
+  // The caller no longer needs the residual: the output may be written over it (a channels-last
+  // residual on the CPU then saves copying it into a new output tensor).
+  bool overwrite_residual = false;
 };
 
 // x (N, C, H, W), w (O, C/groups, kh, kw) Contiguous, bias (O) or nullptr.

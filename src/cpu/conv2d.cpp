@@ -128,13 +128,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   } else {
     plan = make_plan(g, w, bias, spec, ep, dnnl::prop_kind::forward_training);
   }
-  Tensor y({g.n, g.o, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
-  if (ep.residual) {
-    RELPOS_CHECK(ep.residual->shape() == y.shape(), "conv2d: residual " << ep.residual->describe()
-                                                                         << " does not match output "
-                                                                         << to_string(y.shape()));
-    y.copy_from(*ep.residual);
-  }
+  Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(plan->pd.src_desc(), x)},
                                              {DNNL_ARG_WEIGHTS, plan->weights},
                                              {DNNL_ARG_DST, mem(plan->pd.dst_desc(), y)}};

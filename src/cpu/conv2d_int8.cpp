@@ -214,13 +214,7 @@ Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
                    const ops::Epilogue& ep, OpCache* cache) {
   const Geometry g = checked_geometry(x, w, spec);
   const auto plan = plan_for(g, w, spec, ep.act, ep.residual ? 1.0f : 0.0f, 0.0f, cache);
-  Tensor y({g.n, g.o, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
-  if (ep.residual) {
-    RELPOS_CHECK(ep.residual->shape() == y.shape(), "conv2d_int8: residual " << ep.residual->describe()
-                                                                              << " does not match output "
-                                                                              << to_string(y.shape()));
-    y.copy_from(*ep.residual);
-  }
+  Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d_int8");
   run(*plan, x, mem(plan->pd.dst_desc(), y));
   return y;
 }

@@ -88,6 +88,17 @@ Tensor as_channels_last(const Tensor& x) {
   return x.channels_last();
 }
 
+Tensor output_for(const Shape& shape, const ops::Epilogue& ep, const char* op) {
+  if (!ep.residual) return Tensor(shape, Device::CPU, Layout::ChannelsLast);
+  RELPOS_CHECK(ep.residual->shape() == shape, op << ": residual " << ep.residual->describe()
+                                                 << " does not match output " << to_string(shape));
+  if (ep.overwrite_residual && ep.residual->is_cpu() && ep.residual->layout() == Layout::ChannelsLast)
+    return *ep.residual;
+  Tensor y(shape, Device::CPU, Layout::ChannelsLast);
+  y.copy_from(*ep.residual);
+  return y;
+}
+
 }  // namespace relpos::cpu
 
 namespace relpos::cpu {

@@ -6,6 +6,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "relpos/ops.hpp"
 #include "relpos/tensor.hpp"
 
 namespace relpos::cpu {
@@ -32,6 +33,11 @@ void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_m
 
 // A 4-D activation in channels-last layout (converted if it is not).
 Tensor as_channels_last(const Tensor& x);
+
+// The output of a convolution whose epilogue may add a residual (a oneDNN sum post-op adds onto
+// what the output holds): the residual itself when the caller gave it up (overwrite_residual) and
+// it is channels-last, else a new channels-last tensor holding a copy of it (or nothing).
+Tensor output_for(const Shape& shape, const ops::Epilogue& ep, const char* op);
 
 }  // namespace relpos::cpu
 

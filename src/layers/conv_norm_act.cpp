@@ -65,11 +65,11 @@ void ConvNormAct::prepare_inference() {
   cache_.clear();
 }
 
-Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act) const {
-  if (int8_) return int8_->infer(x, spec_, {residual, act});
+Tensor ConvNormAct::infer(const Tensor& x, const Tensor* residual, Act act, bool overwrite_residual) const {
+  if (int8_) return int8_->infer(x, spec_, {residual, act, overwrite_residual});
   detail::observe_input(name_, x);
   RELPOS_CHECK(folded_w_.defined(), "internal: prepare_inference() was not called");
-  return ops::conv2d(x, folded_w_, &folded_b_, spec_, {residual, act}, &cache_);
+  return ops::conv2d(x, folded_w_, &folded_b_, spec_, {residual, act, overwrite_residual}, &cache_);
 }
 
 ops::QuantizedTensor ConvNormAct::quantize_input(const Tensor& x) const {
@@ -77,9 +77,10 @@ ops::QuantizedTensor ConvNormAct::quantize_input(const Tensor& x) const {
   return int8_->quantize(x);
 }
 
-Tensor ConvNormAct::infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const {
+Tensor ConvNormAct::infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act,
+                          bool overwrite_residual) const {
   RELPOS_CHECK(int8_, "internal: " << name_ << " is not int8");
-  return int8_->infer(x, spec_, {residual, act});
+  return int8_->infer(x, spec_, {residual, act, overwrite_residual});
 }
 
 ops::QuantizedTensor ConvNormAct::infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const {

@@ -22,7 +22,9 @@ class ConvNormAct : public Module, public Quantizable {
   void collect(const std::string& prefix, std::vector<ParamRef>& out) override;
   Tensor infer(const Tensor& x) const override { return infer(x, nullptr, act_); }
   // act(bn(conv(x)) + residual): the residual is added before the activation.
-  Tensor infer(const Tensor& x, const Tensor* residual, Act act) const;
+  // act(conv(x) + residual); with overwrite_residual the output may be written over the residual
+  // (the caller no longer needs it).
+  Tensor infer(const Tensor& x, const Tensor* residual, Act act, bool overwrite_residual = false) const;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;
@@ -37,7 +39,7 @@ class ConvNormAct : public Module, public Quantizable {
   // or give quantized activations.
   bool can_feed(const Int8Conv* next) const { return int8_ && next && act_ == Act::ReLU && !next->input_signed(); }
   ops::QuantizedTensor quantize_input(const Tensor& x) const;
-  Tensor infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act) const;
+  Tensor infer(const ops::QuantizedTensor& x, const Tensor* residual, Act act, bool overwrite_residual = false) const;
   Tensor infer(const ops::QuantizedTensor& x) const { return infer(x, nullptr, act_); }
   ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const;
   // A block's last convolution: act(conv(x) + bias + residual) as u8 for `next`, the residual u8

@@ -45,7 +45,8 @@ Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
   for (auto& [name, m] : body()) h = maps ? m->infer_attention(h, *prefix + name + ".", *maps) : m->infer(h);
-  return conv3_->infer(h, &sc, act_);
+  // a projection shortcut's output is ours: conv3 adds onto it in place
+  return conv3_->infer(h, &sc, act_, shortcut_ != nullptr);
 }
 
 const Int8Conv* ResidualBlock::u8_input() const {
@@ -77,8 +78,10 @@ BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) c
   } else {
     sc = float_input();
   }
-  if (body.q.defined()) return {conv3_->infer(body.q, &sc, act_), {}};
-  return {conv3_->infer(body.f, &sc, act_), {}};
+  // conv3 adds onto the shortcut's output in place when nobody else holds it (not the caller's input)
+  const bool own = shortcut_ != nullptr || !in.f.defined();
+  if (body.q.defined()) return {conv3_->infer(body.q, &sc, act_, own), {}};
+  return {conv3_->infer(body.f, &sc, act_, own), {}};
 }
 
 Tensor ResidualBlock::forward(const Tensor& x) {
