@@ -217,7 +217,7 @@ TEST_CASE("u8 between blocks: a block's sum written as u8, max pooling and dequa
   const Tensor res_f = ops::dequantize_activation(res);
   const Tensor ref = ops::conv2d_int8(x, iw, spec, {&res_f, Act::ReLU}, &cache);
   const ops::QuantizedTensor want = ops::quantize_activation(ref, out_scale, false);
-  const ops::QuantizedTensor got = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &res, &cache);
+  const ops::QuantizedTensor got = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {&res, nullptr}, &cache);
   REQUIRE(got.shape == want.shape);
   CHECK(got.scale == out_scale);
   const auto* g = static_cast<const std::uint8_t*>(got.data());
@@ -235,7 +235,7 @@ TEST_CASE("u8 between blocks: a block's sum written as u8, max pooling and dequa
   CHECK(zero < n / 2);  // the case is not trivial: most sums are positive and inside the range
   CHECK(saturated < n / 10);
   // without a residual: the plain requantized convolution again
-  const ops::QuantizedTensor plain = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, nullptr, &cache);
+  const ops::QuantizedTensor plain = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {}, &cache);
   const ops::QuantizedTensor plain_ref =
       ops::quantize_activation(ops::conv2d_int8(x, iw, spec, {nullptr, Act::ReLU}, &cache), out_scale, false);
   int plain_worst = 0;
@@ -243,11 +243,23 @@ TEST_CASE("u8 between blocks: a block's sum written as u8, max pooling and dequa
     plain_worst = std::max(plain_worst, std::abs(int{static_cast<const std::uint8_t*>(plain.data())[i]} -
                                                  int{static_cast<const std::uint8_t*>(plain_ref.data())[i]}));
   CHECK(plain_worst <= 1);
+  // a float32 residual added by the binary post-op: the same up to one rounding step
+  const ops::QuantizedTensor got_f = ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {nullptr, &res_f}, &cache);
+  int worst_f = 0, differ_f = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const int d = std::abs(int{static_cast<const std::uint8_t*>(got_f.data())[i]} - int{r[i]});
+    worst_f = std::max(worst_f, d);
+    differ_f += d != 0;
+  }
+  CHECK(worst_f <= 1);
+  CHECK(differ_f < n / 20);
   // a residual of the wrong shape or sign is refused
   ops::QuantizedTensor bad = res;
   bad.is_signed = true;
-  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &bad, &cache), Error);
-  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, &x, &cache), Error);
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {&bad, nullptr}, &cache), Error);
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {&x, nullptr}, &cache), Error);
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {nullptr, &xf}, &cache), Error);
+  CHECK_THROWS_AS(ops::conv2d_int8_requantized(x, iw, spec, Act::ReLU, out_scale, {&res, &res_f}, &cache), Error);
 
   // dequantizing: exactly code * scale
   const Tensor xd = ops::dequantize_activation(x);
@@ -306,8 +318,11 @@ TEST_CASE("an int8 network hands u8 from block to block: fewer float32 passes, l
   CHECK(quantized["stem"] == 1);        // the image (s8)
   CHECK(quantized["stages.0.0"] == 0);  // u8 from the stem, max-pooled as u8
   CHECK(pooled["stem"] == 1);
-  CHECK(quantized["stages.0.1"] == 1);  // 0.0 has a projection shortcut: float32 out
-  CHECK(quantized["stages.1.0"] == 0);  // u8 from 0.1's sum
+  CHECK(quantized["stages.0.1"] == 0);  // u8 from 0.0's sum with its projection shortcut (float32 added)
+  CHECK(quantized["stages.1.0"] == 0);  // u8 from 0.1's sum with its u8 input
+  CHECK(quantized["stages.1.1"] == 1);  // u8 from 1.0; only the attention output (float32) is
+                                        // quantized, for conv3 (the last block writes float32 for
+                                        // the head, its residual its u8 input dequantized)
   const double err = relative_rms(ref, got);
   MESSAGE("relative RMS logits error with u8 between blocks: " << err);
   CHECK(err > 0.0);

@@ -55,7 +55,7 @@ Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const Con
   return cpu::conv2d_int8(x, w, spec, epilogue, cache);
 }
 QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
-                                        Act act, float out_scale, const QuantizedTensor* residual, OpCache* cache) {
+                                        Act act, float out_scale, const Residual& residual, OpCache* cache) {
   check_int8("conv2d_int8", x.storage, w, {}, cache);
   const detail::OpTimer timer("conv2d_int8", false);
   return cpu::conv2d_int8_requantized(x, w, spec, act, out_scale, residual, cache);

@@ -71,11 +71,17 @@ Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& sp
 // The same from an input already quantized with w's input scale and type.
 Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
                    const Epilogue& epilogue, OpCache* cache);
+// What a block's last convolution adds before its activation when it writes u8 (docs/int8.md):
+// nothing, the block's u8 input in its own scale (identity shortcut), or a float32 tensor (a
+// projection shortcut's output); each of the output's shape.
+struct Residual {
+  const QuantizedTensor* u8 = nullptr;
+  const Tensor* f32 = nullptr;
+};
 // act(conv + bias [+ residual]) written straight to u8 with out_scale (the next int8 layer's input
-// scale); act must be ReLU (the output is never negative). The residual, when given, is u8 of the
-// output's shape in its own scale (a block's quantized input: docs/int8.md).
+// scale); act must be ReLU (the output is never negative).
 QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
-                                        Act act, float out_scale, const QuantizedTensor* residual, OpCache* cache);
+                                        Act act, float out_scale, const Residual& residual, OpCache* cache);
 // x = q * scale in float32, channels-last.
 Tensor dequantize_activation(const QuantizedTensor& q);
 // Max pooling on quantized values (it commutes with the monotone quantization, so it is exact).

@@ -57,8 +57,11 @@ struct Int8Plan {
 // out_scale > 0: the output is u8 with that scale, else float32. sum_scale > 0: a residual is added
 // (sum post-op) from the destination, which holds it beforehand in units of sum_scale: its float32
 // value (sum_scale 1) or, for u8 output, its u8 codes (sum_scale = residual scale / out_scale).
+// add_f32 (u8 output only): a float32 residual of the output's shape is added by a binary post-op
+// instead; the chain then runs in real units (output scales acc_scale, add, act) and a final
+// linear post-op divides by out_scale before the conversion to u8.
 std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
-                                    Act act, float sum_scale, float out_scale) {
+                                    Act act, float sum_scale, float out_scale, bool add_f32) {
   RELPOS_CHECK(w.scale->numel() == g.o, "conv2d_int8: " << w.scale->numel() << " weight scales for " << g.o
                                                         << " output channels");
   RELPOS_CHECK(std::isfinite(w.input_scale) && w.input_scale > 0,
@@ -72,13 +75,15 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
   const float* ws = w.scale->data();
   for (std::size_t o = 0; o < scales.size(); ++o) {
     acc_scale[o] = w.input_scale * ws[o] * (halve ? 2.0f : 1.0f);  // one unit of the s32 accumulator
-    scales[o] = out_scale > 0 ? acc_scale[o] / out_scale : acc_scale[o];
+    scales[o] = out_scale > 0 && !add_f32 ? acc_scale[o] / out_scale : acc_scale[o];
   }
   attr.set_output_scales(1 << 1, scales);  // per output channel (dimension 1 of dst)
   dnnl::post_ops po;
   if (sum_scale > 0) po.append_sum(sum_scale);
+  if (add_f32) po.append_binary(dnnl::algorithm::binary_add, dnnl::memory::desc({g.n, g.o, g.oh, g.ow}, dt::f32, tag::nhwc));
   if (act == Act::ReLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
   if (act == Act::SiLU) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
+  if (add_f32) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, 1.0f / out_scale, 0.0f);
   attr.set_post_ops(po);
   const dims strides{spec.stride, spec.stride}, pad_l{spec.pad, spec.pad};
   const dims pad_r{(g.oh - 1) * spec.stride + g.kh - g.h - spec.pad, (g.ow - 1) * spec.stride + g.kw - g.w - spec.pad};
@@ -122,17 +127,17 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
 }
 
 std::shared_ptr<Int8Plan> plan_for(const Geometry& g, const ops::Int8ConvWeights& w, const ops::ConvSpec& s,
-                                   Act act, float sum_scale, float out_scale, OpCache* cache) {
+                                   Act act, float sum_scale, float out_scale, bool add_f32, OpCache* cache) {
   std::ostringstream os;
   os.precision(9);
   os << "conv8:" << omp_get_max_threads() << ":" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride
      << ',' << s.pad << ',' << s.groups << ':' << sum_scale << ',' << static_cast<int>(act) << (w.bias != nullptr)
-     << ':' << out_scale;
+     << ':' << out_scale << (add_f32 ? "+f32" : "");
   const std::string key = os.str();
   std::shared_ptr<Int8Plan> plan;
   if (cache) plan = std::static_pointer_cast<Int8Plan>(cache->find(key));
   if (!plan) {
-    plan = make_plan(g, w, s, act, sum_scale, out_scale);
+    plan = make_plan(g, w, s, act, sum_scale, out_scale, add_f32);
     if (cache) cache->put(key, plan);
   }
   return plan;
@@ -213,7 +218,7 @@ ops::QuantizedTensor quantize_activation(const Tensor& x_in, float scale, bool i
 Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w, const ops::ConvSpec& spec,
                    const ops::Epilogue& ep, OpCache* cache) {
   const Geometry g = checked_geometry(x, w, spec);
-  const auto plan = plan_for(g, w, spec, ep.act, ep.residual ? 1.0f : 0.0f, 0.0f, cache);
+  const auto plan = plan_for(g, w, spec, ep.act, ep.residual ? 1.0f : 0.0f, 0.0f, false, cache);
   Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d_int8");
   run(*plan, x, mem(plan->pd.dst_desc(), y));
   return y;
@@ -221,22 +226,37 @@ Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
 
 ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
                                              const ops::ConvSpec& spec, Act act, float out_scale,
-                                             const ops::QuantizedTensor* residual, OpCache* cache) {
+                                             const ops::Residual& residual, OpCache* cache) {
   RELPOS_CHECK(act == Act::ReLU, "conv2d_int8_requantized: only a ReLU output (never negative) goes to u8");
   RELPOS_CHECK(std::isfinite(out_scale) && out_scale > 0, "conv2d_int8_requantized: bad output scale " << out_scale);
+  RELPOS_CHECK(!(residual.u8 && residual.f32), "conv2d_int8_requantized: one residual, u8 or float32");
   const Geometry g = checked_geometry(x, w, spec);
   ops::QuantizedTensor y = empty_quantized({g.n, g.o, g.oh, g.ow}, out_scale, false);
   float sum_scale = 0.0f;
-  if (residual) {
-    RELPOS_CHECK(residual->defined() && residual->shape == y.shape && !residual->is_signed,
+  if (residual.u8) {
+    const ops::QuantizedTensor& r = *residual.u8;
+    RELPOS_CHECK(r.defined() && r.shape == y.shape && !r.is_signed,
                  "conv2d_int8_requantized: the residual must be u8 of the output's shape " << to_string(y.shape)
-                                                                                         << ", got "
-                                                                                         << to_string(residual->shape));
-    sum_scale = residual->scale / out_scale;
-    std::memcpy(y.data(), residual->data(), static_cast<std::size_t>(numel_of(y.shape)));
+                                                                                         << ", got " << to_string(r.shape));
+    sum_scale = r.scale / out_scale;
+    std::memcpy(y.data(), r.data(), static_cast<std::size_t>(numel_of(y.shape)));
   }
-  const auto plan = plan_for(g, w, spec, act, sum_scale, out_scale, cache);
-  run(*plan, x, dnnl::memory(plan->pd.dst_desc(), engine(), y.data()));
+  Tensor add;
+  if (residual.f32) {
+    RELPOS_CHECK(residual.f32->shape() == y.shape && residual.f32->is_cpu(),
+                 "conv2d_int8_requantized: the residual " << residual.f32->describe() << " does not match the output "
+                                                          << to_string(y.shape));
+    add = as_channels_last(*residual.f32);
+  }
+  const auto plan = plan_for(g, w, spec, act, sum_scale, out_scale, add.defined(), cache);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src_mem(*plan, x)},
+                                             {DNNL_ARG_WEIGHTS, plan->weights},
+                                             {DNNL_ARG_DST, dnnl::memory(plan->pd.dst_desc(), engine(), y.data())}};
+  if (plan->has_bias) args.emplace(DNNL_ARG_BIAS, plan->bias);
+  if (add.defined())
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 mem(dnnl::memory::desc({g.n, g.o, g.oh, g.ow}, dt::f32, tag::nhwc), add));
+  execute(plan->prim, plan->pd.scratchpad_desc(), std::move(args));
   return y;
 }
 

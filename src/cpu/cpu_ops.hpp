@@ -13,7 +13,7 @@ Tensor conv2d_int8(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
                    const ops::Epilogue& epilogue, OpCache* cache);
 ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, const ops::Int8ConvWeights& w,
                                              const ops::ConvSpec& spec, Act act, float out_scale,
-                                             const ops::QuantizedTensor* residual, OpCache* cache);
+                                             const ops::Residual& residual, OpCache* cache);
 Tensor dequantize_activation(const ops::QuantizedTensor& q);
 ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec);
 }  // namespace relpos::cpu

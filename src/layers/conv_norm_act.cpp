@@ -88,12 +88,11 @@ ops::QuantizedTensor ConvNormAct::infer_requantized(const ops::QuantizedTensor& 
   return int8_->infer_requantized(x, spec_, next);
 }
 
-ops::QuantizedTensor ConvNormAct::infer_requantized_sum(const ops::QuantizedTensor& x,
-                                                        const ops::QuantizedTensor& residual, Act act,
-                                                        const Int8Conv& next) const {
+ops::QuantizedTensor ConvNormAct::infer_requantized_sum(const ops::QuantizedTensor& x, const ops::Residual& residual,
+                                                        Act act, const Int8Conv& next) const {
   RELPOS_CHECK(int8_ && act == Act::ReLU && !next.input_signed(),
                "internal: " << name_ << " cannot write its sum as u8 for the next layer");
-  return int8_->infer_requantized(x, spec_, next, &residual);
+  return int8_->infer_requantized(x, spec_, next, residual);
 }
 
 Tensor ConvNormAct::forward(const Tensor& x) {

@@ -43,8 +43,8 @@ class ConvNormAct : public Module, public Quantizable {
   Tensor infer(const ops::QuantizedTensor& x) const { return infer(x, nullptr, act_); }
   ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const Int8Conv& next) const;
   // A block's last convolution: act(conv(x) + bias + residual) as u8 for `next`, the residual u8
-  // in its own scale; act must be ReLU (this layer itself has no activation).
-  ops::QuantizedTensor infer_requantized_sum(const ops::QuantizedTensor& x, const ops::QuantizedTensor& residual,
+  // in its own scale or float32; act must be ReLU (this layer itself has no activation).
+  ops::QuantizedTensor infer_requantized_sum(const ops::QuantizedTensor& x, const ops::Residual& residual,
                                              Act act, const Int8Conv& next) const;
 
   using Module::init;  // the one-argument form stays visible

@@ -81,7 +81,7 @@ Tensor Int8Conv::infer(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
 }
 
 ops::QuantizedTensor Int8Conv::infer_requantized(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
-                                                 const Int8Conv& next, const ops::QuantizedTensor* residual) const {
+                                                 const Int8Conv& next, const ops::Residual& residual) const {
   RELPOS_CHECK(!next.input_signed(), "internal: requantizing for a layer that takes s8");
   return ops::conv2d_int8_requantized(x, weights(), spec, Act::ReLU, next.input_scale(), residual, &cache_);
 }

@@ -41,9 +41,9 @@ class Int8Conv {
   // From an input quantized as this layer takes it; float32 out.
   Tensor infer(const ops::QuantizedTensor& x, const ops::ConvSpec& spec, const ops::Epilogue& ep) const;
   // ReLU(conv(x) + bias [+ residual]) written as u8 in the input scale of `next` (which must take
-  // u8); the residual is u8 of the output's shape, in its own scale.
+  // u8); the residual (u8 in its own scale, or float32) has the output's shape.
   ops::QuantizedTensor infer_requantized(const ops::QuantizedTensor& x, const ops::ConvSpec& spec,
-                                         const Int8Conv& next, const ops::QuantizedTensor* residual = nullptr) const;
+                                         const Int8Conv& next, const ops::Residual& residual = {}) const;
   void prepare_inference() { cache_.clear(); }
   bool input_signed() const { return signed_; }
   float input_scale() const;

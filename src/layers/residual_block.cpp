@@ -65,11 +65,11 @@ BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) c
     return x;
   };
   const BlockFlow body = infer_body_int8(qx);
-  // u8 out: the identity shortcut adds the u8 input inside conv3's epilogue
-  if (!shortcut_ && next && act_ == Act::ReLU && conv3_->int8() && !next->input_signed() && !qx.is_signed) {
-    const ops::QuantizedTensor h = body.q.defined() ? body.q : conv3_->quantize_input(body.f);
-    return {Tensor(), conv3_->infer_requantized_sum(h, qx, act_, *next)};
-  }
+  auto conv3_input = [&] { return body.q.defined() ? body.q : conv3_->quantize_input(body.f); };
+  const bool u8_out = next && act_ == Act::ReLU && conv3_->int8() && !next->input_signed();
+  // u8 out, identity shortcut: conv3's sum post-op adds the block's u8 input
+  if (u8_out && !shortcut_ && !qx.is_signed)
+    return {Tensor(), conv3_->infer_requantized_sum(conv3_input(), {&qx, nullptr}, act_, *next)};
   Tensor sc;
   if (shortcut_) {
     const Int8Conv* s = shortcut_->int8();
@@ -78,6 +78,8 @@ BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) c
   } else {
     sc = float_input();
   }
+  // u8 out, projection shortcut: conv3 adds its float32 output by a binary post-op
+  if (u8_out && shortcut_) return {Tensor(), conv3_->infer_requantized_sum(conv3_input(), {nullptr, &sc}, act_, *next)};
   // conv3 adds onto the shortcut's output in place when nobody else holds it (not the caller's input)
   const bool own = shortcut_ != nullptr || !in.f.defined();
   if (body.q.defined()) return {conv3_->infer(body.q, &sc, act_, own), {}};
