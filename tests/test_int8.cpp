@@ -31,9 +31,10 @@ Tensor abs_of(const Tensor& t) {
 
 // The tiny test model with random weights and batch norms that are not the identity, so that
 // every layer (the zero-initialised last convolutions too) does something.
-Model tiny_model(std::uint32_t seed) {
-  Model m = Model::create(relpos::test::tiny_rgb_config(), seed);
-  std::mt19937 rng(seed + 100);
+// Random batch norms that are not the identity, so that every layer (the zero-initialised last
+// convolutions too) does something.
+void randomize_norms(Model& m, std::uint32_t seed) {
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0.5f, 1.5f), c(-0.2f, 0.2f);
   for (const ParamRef& p : m.network().params()) {
     const std::string& n = p.name;
@@ -45,7 +46,22 @@ Model tiny_model(std::uint32_t seed) {
       for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = c(rng);
   }
   m.network().prepare_inference();
+}
+
+Model tiny_model(std::uint32_t seed) {
+  Model m = Model::create(relpos::test::tiny_rgb_config(), seed);
+  randomize_norms(m, seed + 100);
   return m;
+}
+
+ops::Int8ConvWeights int8_weights(const QuantizedWeights& q, const Tensor* bias, float input_scale, bool is_signed) {
+  ops::Int8ConvWeights w;
+  w.weight = &q.q;
+  w.scale = &q.scale;
+  w.bias = bias;
+  w.input_scale = input_scale;
+  w.input_signed = is_signed;
+  return w;
 }
 
 std::vector<Tensor> random_batches(int batches, int n, std::uint32_t seed) {
@@ -118,12 +134,7 @@ TEST_CASE("int8 convolution matches the float convolution within the quantizatio
     for (std::int64_t i = 0; i < x.numel(); ++i) amax = std::max(amax, std::fabs(x.data()[i]));
     const float in_scale = amax / (cs.signed_in ? 127.0f : 255.0f);
     const QuantizedWeights q = quantize_per_channel(w);
-    ops::Int8ConvWeights iw;
-    iw.weight = &q.q;
-    iw.scale = &q.scale;
-    iw.bias = &bias;
-    iw.input_scale = in_scale;
-    iw.input_signed = cs.signed_in;
+    const ops::Int8ConvWeights iw = int8_weights(q, &bias, in_scale, cs.signed_in);
     OpCache cache;
     const Tensor got = ops::conv2d_int8(x, iw, spec, ep, &cache);
     const Tensor ref = ops::conv2d(x, w, &bias, spec, ep);
@@ -204,11 +215,7 @@ TEST_CASE("u8 between blocks: a block's sum written as u8, max pooling and dequa
       ops::quantize_activation(abs_of(random_tensor({2, 24, 7, 7}, rng, 1.5f)).channels_last(), res_scale, false);
   const Tensor w = random_tensor({24, 16, 1, 1}, rng, 0.3f), bias = random_tensor({24}, rng, 0.3f);
   const QuantizedWeights q = quantize_per_channel(w);
-  ops::Int8ConvWeights iw;
-  iw.weight = &q.q;
-  iw.scale = &q.scale;
-  iw.bias = &bias;
-  iw.input_scale = in_scale;
+  const ops::Int8ConvWeights iw = int8_weights(q, &bias, in_scale, false);
   OpCache cache;
   const ops::ConvSpec spec{1, 0, 1};
 
@@ -285,17 +292,8 @@ TEST_CASE("an int8 network hands u8 from block to block: fewer float32 passes, l
                {"types": ["bottle", "self_attn"], "chs": 32, "stride": 2, "br": 0.5}],
     "self_attn": {"heads": 2, "pos": "relative"}})";
   Model m = Model::create(cfg, 4);
-  std::mt19937 rng(104);
-  std::uniform_real_distribution<float> u(0.5f, 1.5f), c(-0.2f, 0.2f);
-  for (const ParamRef& p : m.network().params()) {
-    const std::string& n = p.name;
-    const auto ends = [&](const std::string& e) { return n.size() >= e.size() && n.compare(n.size() - e.size(), e.size(), e) == 0; };
-    if (ends("bn.weight") || ends("running_var") || (ends(".weight") && n.find("post_attn") != std::string::npos))
-      for (std::int64_t i = 0; i < p.value->numel(); ++i) p.value->data()[i] = u(rng);
-    else if (ends("bn.bias") || ends("running_mean"))
-      for (std::int64_t i = 0; i < p.value->numel(); ++i) p.value->data()[i] = c(rng);
-  }
-  m.network().prepare_inference();
+  randomize_norms(m, 104);
+  std::mt19937 rng(105);
   std::vector<Tensor> calib;
   for (int b = 0; b < 4; ++b) calib.push_back(random_tensor({16, 3, 16, 16}, rng, 1.0f).channels_last());
   const Tensor x = random_tensor({32, 3, 16, 16}, rng, 1.0f).channels_last();

@@ -57,6 +57,8 @@ struct QuantizedTensor {
   Shape shape;  // (N, C, H, W)
   float scale = 1.0f;
   bool is_signed = false;
+  // Room for `shape` (uninitialised) on the CPU.
+  static QuantizedTensor empty(const Shape& shape, float scale, bool is_signed);
   bool defined() const { return storage.defined(); }
   const void* data() const { return storage.data(); }
   void* data() { return storage.data(); }

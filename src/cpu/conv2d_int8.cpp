@@ -168,28 +168,24 @@ dnnl::memory src_mem(const Int8Plan& plan, const ops::QuantizedTensor& x) {
   return dnnl::memory(plan.pd.src_desc(), engine(), const_cast<void*>(x.data()));
 }
 
-void run(const Int8Plan& plan, const ops::QuantizedTensor& x, dnnl::memory dst) {
+// add: the float32 tensor of a binary_add post-op (the plan's first post-op), or nullptr.
+void run(const Int8Plan& plan, const ops::QuantizedTensor& x, dnnl::memory dst, const Tensor* add = nullptr) {
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, src_mem(plan, x)}, {DNNL_ARG_WEIGHTS, plan.weights}, {DNNL_ARG_DST, std::move(dst)}};
   if (plan.has_bias) args.emplace(DNNL_ARG_BIAS, plan.bias);
+  if (add)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 mem(dnnl::memory::desc(plan.pd.dst_desc().dims(), dt::f32, tag::nhwc), *add));
   execute(plan.prim, plan.pd.scratchpad_desc(), std::move(args));
 }
 
-ops::QuantizedTensor empty_quantized(const Shape& shape, float scale, bool is_signed) {
-  ops::QuantizedTensor q;
-  q.shape = shape;
-  q.scale = scale;
-  q.is_signed = is_signed;
-  q.storage = Tensor({(numel_of(shape) + 3) / 4});  // bytes in a float tensor's storage
-  return q;
-}
 
 }  // namespace
 
 ops::QuantizedTensor quantize_activation(const Tensor& x_in, float scale, bool is_signed) {
   RELPOS_CHECK(std::isfinite(scale) && scale > 0, "quantize_activation: the scale must be positive, got " << scale);
   const Tensor x = as_channels_last(x_in);
-  ops::QuantizedTensor q = empty_quantized(x.shape(), scale, is_signed);
+  ops::QuantizedTensor q = ops::QuantizedTensor::empty(x.shape(), scale, is_signed);
   const float inv = 1.0f / scale, lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest even
   // memory-bound: below a few MB one thread does it in about a millisecond, less than waking (or,
@@ -231,7 +227,7 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
   RELPOS_CHECK(std::isfinite(out_scale) && out_scale > 0, "conv2d_int8_requantized: bad output scale " << out_scale);
   RELPOS_CHECK(!(residual.u8 && residual.f32), "conv2d_int8_requantized: one residual, u8 or float32");
   const Geometry g = checked_geometry(x, w, spec);
-  ops::QuantizedTensor y = empty_quantized({g.n, g.o, g.oh, g.ow}, out_scale, false);
+  ops::QuantizedTensor y = ops::QuantizedTensor::empty({g.n, g.o, g.oh, g.ow}, out_scale, false);
   float sum_scale = 0.0f;
   if (residual.u8) {
     const ops::QuantizedTensor& r = *residual.u8;
@@ -249,14 +245,7 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
     add = as_channels_last(*residual.f32);
   }
   const auto plan = plan_for(g, w, spec, act, sum_scale, out_scale, add.defined(), cache);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src_mem(*plan, x)},
-                                             {DNNL_ARG_WEIGHTS, plan->weights},
-                                             {DNNL_ARG_DST, dnnl::memory(plan->pd.dst_desc(), engine(), y.data())}};
-  if (plan->has_bias) args.emplace(DNNL_ARG_BIAS, plan->bias);
-  if (add.defined())
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 mem(dnnl::memory::desc({g.n, g.o, g.oh, g.ow}, dt::f32, tag::nhwc), add));
-  execute(plan->prim, plan->pd.scratchpad_desc(), std::move(args));
+  run(*plan, x, dnnl::memory(plan->pd.dst_desc(), engine(), y.data()), add.defined() ? &add : nullptr);
   return y;
 }
 
@@ -279,25 +268,16 @@ Tensor dequantize_activation(const ops::QuantizedTensor& q) {
   return y;
 }
 
-ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& s) {
-  RELPOS_CHECK(x.defined() && x.shape.size() == 4, "max_pool2d_quantized: the input must be (N, C, H, W)");
-  RELPOS_CHECK(s.kind == ops::PoolKind::Max, "max_pool2d_quantized: max pooling only (it commutes with quantization)");
-  RELPOS_CHECK(s.kernel >= 1 && s.stride >= 1 && s.pad >= 0 && 2 * s.pad <= s.kernel,
-               "max_pool2d_quantized: bad kernel " << s.kernel << " stride " << s.stride << " pad " << s.pad);
-  const std::int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
-  const std::int64_t oh = (h + 2 * s.pad - s.kernel) / s.stride + 1, ow = (w + 2 * s.pad - s.kernel) / s.stride + 1;
-  RELPOS_CHECK(oh > 0 && ow > 0, "max_pool2d_quantized: input " << to_string(x.shape) << " is smaller than the window");
-  ops::QuantizedTensor y = empty_quantized({n, c, oh, ow}, x.scale, x.is_signed);
-  const dt type = x.is_signed ? dt::s8 : dt::u8;
-  const dnnl::memory::desc src_md({n, c, h, w}, type, tag::nhwc), dst_md({n, c, oh, ow}, type, tag::nhwc);
-  const dims pad_r = {(oh - 1) * s.stride + s.kernel - h - s.pad, (ow - 1) * s.stride + s.kernel - w - s.pad};
-  dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, src_md, dst_md,
-                                {s.stride, s.stride}, {s.kernel, s.kernel}, {s.pad, s.pad}, pad_r);
-  dnnl::pooling_forward::primitive_desc pd(d, scratch_attr(), engine());
-  execute(dnnl::pooling_forward(pd), pd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), engine(), const_cast<void*>(x.data()))},
-           {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), engine(), y.data())}});
-  return y;
-}
-
 }  // namespace relpos::cpu
+
+namespace relpos::ops {
+QuantizedTensor QuantizedTensor::empty(const Shape& shape, float scale, bool is_signed) {
+  QuantizedTensor q;
+  q.shape = shape;
+  q.scale = scale;
+  q.is_signed = is_signed;
+  q.storage = Tensor({(numel_of(shape) + 3) / 4});  // bytes in a float tensor's storage
+  return q;
+}
+}  // namespace relpos::ops
+

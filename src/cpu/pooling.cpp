@@ -13,32 +13,34 @@ struct PoolGeometry {
   std::int64_t n, c, h, w, oh, ow;
 };
 
-PoolGeometry pool_geometry(const Tensor& x, const ops::PoolSpec& s) {
-  RELPOS_CHECK(x.ndim() == 4, "pool2d: input must be (N, C, H, W), got " << x.describe());
+PoolGeometry pool_geometry(const Shape& x, const ops::PoolSpec& s) {
+  RELPOS_CHECK(x.size() == 4, "pool2d: input must be (N, C, H, W), got " << to_string(x));
   RELPOS_CHECK(s.kernel >= 1 && s.stride >= 1 && s.pad >= 0 && 2 * s.pad <= s.kernel,
                "pool2d: bad kernel " << s.kernel << " stride " << s.stride << " pad " << s.pad);
-  PoolGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), 0, 0};
+  PoolGeometry g{x[0], x[1], x[2], x[3], 0, 0};
   g.oh = (g.h + 2 * s.pad - s.kernel) / s.stride + 1;
   g.ow = (g.w + 2 * s.pad - s.kernel) / s.stride + 1;
-  RELPOS_CHECK(g.oh > 0 && g.ow > 0, "pool2d: input " << to_string(x.shape()) << " is smaller than the "
+  RELPOS_CHECK(g.oh > 0 && g.ow > 0, "pool2d: input " << to_string(x) << " is smaller than the "
                                                       << s.kernel << "x" << s.kernel << " window");
   return g;
 }
 
-dnnl::pooling_forward::desc pool_desc(const PoolGeometry& g, const ops::PoolSpec& s, dnnl::prop_kind prop) {
+dnnl::pooling_forward::desc pool_desc(const PoolGeometry& g, const ops::PoolSpec& s, dnnl::prop_kind prop,
+                                      dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
   const auto algo = s.kind == ops::PoolKind::Max ? dnnl::algorithm::pooling_max
                                                  : dnnl::algorithm::pooling_avg_exclude_padding;
   const dims pad_r = {(g.oh - 1) * s.stride + s.kernel - g.h - s.pad,
                       (g.ow - 1) * s.stride + s.kernel - g.w - s.pad};
-  return dnnl::pooling_forward::desc(prop, algo, md_nhwc({g.n, g.c, g.h, g.w}),
-                                     md_nhwc({g.n, g.c, g.oh, g.ow}), {s.stride, s.stride},
-                                     {s.kernel, s.kernel}, {s.pad, s.pad}, pad_r);
+  using tag = dnnl::memory::format_tag;
+  return dnnl::pooling_forward::desc(prop, algo, dnnl::memory::desc({g.n, g.c, g.h, g.w}, type, tag::nhwc),
+                                     dnnl::memory::desc({g.n, g.c, g.oh, g.ow}, type, tag::nhwc),
+                                     {s.stride, s.stride}, {s.kernel, s.kernel}, {s.pad, s.pad}, pad_r);
 }
 }  // namespace
 
 Tensor pool2d(const Tensor& x_in, const ops::PoolSpec& spec) {
   const Tensor x = as_channels_last(x_in);
-  const PoolGeometry g = pool_geometry(x, spec);
+  const PoolGeometry g = pool_geometry(x.shape(), spec);
   dnnl::pooling_forward::primitive_desc pd(pool_desc(g, spec, dnnl::prop_kind::forward_inference),
                                            scratch_attr(), engine());
   Tensor y({g.n, g.c, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
@@ -50,7 +52,7 @@ Tensor pool2d(const Tensor& x_in, const ops::PoolSpec& spec) {
 Tensor pool2d_backward(const Tensor& x_in, const Tensor& dy_in, const ops::PoolSpec& spec) {
   const Tensor x = as_channels_last(x_in);
   const Tensor dy = as_channels_last(dy_in);
-  const PoolGeometry g = pool_geometry(x, spec);
+  const PoolGeometry g = pool_geometry(x.shape(), spec);
   RELPOS_CHECK(dy.shape() == Shape({g.n, g.c, g.oh, g.ow}),
                "pool2d backward: gradient " << dy.describe() << " does not match the output shape");
   Tensor dx = Tensor::zeros(x.shape(), Device::CPU, Layout::ChannelsLast);
@@ -136,6 +138,20 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
       for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = g[b * c + ch] * inv;
     }
   return dx;
+}
+
+ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec) {
+  RELPOS_CHECK(x.defined(), "max_pool2d_quantized: no input");
+  RELPOS_CHECK(spec.kind == ops::PoolKind::Max, "max_pool2d_quantized: max pooling only (it commutes with quantization)");
+  const PoolGeometry g = pool_geometry(x.shape, spec);
+  const auto type = x.is_signed ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::u8;
+  dnnl::pooling_forward::primitive_desc pd(pool_desc(g, spec, dnnl::prop_kind::forward_inference, type),
+                                           scratch_attr(), engine());
+  ops::QuantizedTensor y = ops::QuantizedTensor::empty({g.n, g.c, g.oh, g.ow}, x.scale, x.is_signed);
+  execute(dnnl::pooling_forward(pd), pd.scratchpad_desc(),
+          {{DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), engine(), const_cast<void*>(x.data()))},
+           {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), engine(), y.data())}});
+  return y;
 }
 
 }  // namespace relpos::cpu
