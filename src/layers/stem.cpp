@@ -13,15 +13,18 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
     convs_.emplace_back("conv1", std::make_unique<ConvNormAct>(in_chans, 3 * c / 8, 3, 2, 1, act));
     convs_.emplace_back("conv2", std::make_unique<ConvNormAct>(3 * c / 8, c / 2, 3, 1, 1, act));
     convs_.emplace_back("conv3", std::make_unique<ConvNormAct>(c / 2, c, 3, 1, 1, act));
-    reduction_ = 2;
   } else {
     // timm: a single-conv stem is the ConvNormAct itself (stem.conv.weight, stem.bn.*)
     convs_.emplace_back("", std::make_unique<ConvNormAct>(in_chans, cfg.chs, cfg.kernel, cfg.stride, 1, act));
-    reduction_ = cfg.stride;
   }
   convs_.front().second->set_need_input_grad(false);
   pool_ = cfg.pool == StemPool::MaxPool;
-  if (pool_) reduction_ *= 2;
+  reduction_ = stem_reduction(cfg);
+}
+
+int stem_reduction(const StemConfig& cfg) {
+  const int convs = cfg.type == StemType::Tiered ? 2 : cfg.stride;  // the tiered stem's conv1 has stride 2
+  return cfg.pool == StemPool::MaxPool ? 2 * convs : convs;
 }
 
 void Stem::collect(const std::string& p, std::vector<ParamRef>& out) {

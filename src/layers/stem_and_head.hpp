@@ -12,6 +12,10 @@
 
 namespace relpos {
 
+// How many times smaller than the input a stem's output is (its convolutions' stride, times 2 with
+// the max pool).
+int stem_reduction(const StemConfig& cfg);
+
 class Stem : public Module {
  public:
   Stem(const StemConfig& cfg, int in_chans, Act act);

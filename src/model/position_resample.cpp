@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "layers/stem_and_head.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
 
@@ -64,9 +65,8 @@ Tensor resample_position_grid(const Tensor& table, int h, int w, int nh, int nw)
 }
 
 std::vector<std::pair<std::string, std::pair<int, int>>> attention_map_sizes(const ModelConfig& config) {
-  // as Network's constructor: the stem's reduction, then each stage's first block strides
-  int reduction = config.stem.type == StemType::Tiered ? 2 : config.stem.stride;
-  if (config.stem.pool == StemPool::MaxPool) reduction *= 2;
+  // as Network's constructor: the stem's reduction, then each block's stride after it
+  const int reduction = stem_reduction(config.stem);
   int h = config.input_size[0] / reduction, w = config.input_size[1] / reduction;
   std::vector<std::pair<std::string, std::pair<int, int>>> out;
   for (std::size_t i = 0; i < config.stages.size(); ++i)

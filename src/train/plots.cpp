@@ -72,7 +72,6 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
   }
 }
 
-
 }  // namespace
 
 void plot_learning_curves(const std::vector<EpochLog>& history, const std::string& path) {

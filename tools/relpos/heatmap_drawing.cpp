@@ -225,5 +225,4 @@ void draw_bar_chart(cv::Mat& img, cv::Rect box, const std::vector<BarGroup>& gro
   }
 }
 
-
 }  // namespace relpos::cli
