@@ -190,7 +190,9 @@ void conv_cases(std::vector<OpCase>& out) {
   };
   // backward: no bias or epilogue (conv2d_backward is the convolution's own gradient)
   for (const Shp& s : {Shp{{2, 3, 5, 5}, 4, 3, 1, 1, 1}, Shp{{2, 4, 7, 7}, 6, 3, 2, 1, 2}, Shp{{2, 4, 6, 6}, 4, 1, 2, 0, 1},
-                       Shp{{2, 2, 6, 6}, 3, 5, 1, 2, 1}, Shp{{1, 6, 5, 9}, 6, 3, 1, 1, 6}}) {
+                       Shp{{2, 2, 6, 6}, 3, 5, 1, 2, 1}, Shp{{1, 6, 5, 9}, 6, 3, 1, 1, 6},
+                       // channels in whole SIMD blocks: the CPU runs these in oneDNN's blocked layout
+                       Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};
@@ -224,6 +226,21 @@ void conv_cases(std::vector<OpCase>& out) {
     };
     c.reference = [sp, act](const std::vector<Tensor>& in) {
       return std::vector<Tensor>{ref_conv(in[0], in[1], &in[2], sp, &in[3], act)};
+    };
+    out.push_back(std::move(c));
+  }
+  // forward with bias and activation but no residual, 16 -> 24 channels: the blocked-layout path
+  {
+    OpCase c;
+    c.covers = {"conv2d"};
+    const ops::ConvSpec sp{1, 1, 1};
+    c.name = "conv2d 3x3 s1 + bias + ReLU, 16 -> 24 channels";
+    c.inputs = {rnd({2, 16, 7, 6}, 7, 1.0f, Layout::ChannelsLast), rnd({24, 16, 3, 3}, 8, 0.2f), rnd({24}, 9)};
+    c.run = [sp](const std::vector<Tensor>& in, const Tensor&) {
+      return OpRun{{ops::conv2d(in[0], in[1], &in[2], sp, {nullptr, Act::ReLU})}, {}};
+    };
+    c.reference = [sp](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ref_conv(in[0], in[1], &in[2], sp, nullptr, Act::ReLU)};
     };
     out.push_back(std::move(c));
   }

@@ -1,6 +1,9 @@
-// Convolution on the CPU through oneDNN: activations stay channels-last (nhwc), weights are
-// reordered once into the layout the chosen kernel wants and kept in the layer's OpCache, and
-// bias, residual add and activation run fused as oneDNN post-ops.
+// Convolution on the CPU through oneDNN: activations stay channels-last (nhwc) between layers,
+// weights are reordered once into the layout the chosen kernel wants and kept in the layer's
+// OpCache, and bias, residual add and activation run fused as oneDNN post-ops. Spatial kernels
+// (3x3 and larger) run in the activation layout oneDNN picks for them (nChw8c on AVX2,
+// nChw16c on AVX-512), with reorders in and out: its nhwc kernels for them are slower by more
+// than the reorders cost (tools/bench/README.md has the measurements).
 #include <omp.h>
 
 #include <cstring>
@@ -43,6 +46,36 @@ dnnl::memory::desc weights_md(const ConvGeometry& g, tag t) {
                             t == tag::any ? tag::any : tag::goihw);
 }
 
+// Whether the convolution runs on activations in the layout oneDNN picks rather than in nhwc.
+// A residual (sum post-op onto the output) keeps nhwc, so the output is written in place.
+bool kernel_layout(const ConvGeometry& g, const ops::Epilogue* ep) {
+  return g.kh * g.kw > 1 && g.groups == 1 && (ep == nullptr || ep->residual == nullptr);
+}
+
+dnnl::memory::desc act_md(const Shape& shape, bool any) {
+  return any ? dnnl::memory::desc({shape[0], shape[1], shape[2], shape[3]}, dt::f32, tag::any) : md_nhwc(shape);
+}
+
+// `have` in the layout `want`: itself when they agree, else a reorder into memory held by `hold`
+// (from the host tensor cache); with copy == false only the memory, for an output.
+dnnl::memory in_layout(const dnnl::memory& have, const dnnl::memory::desc& want, Tensor& hold, bool copy) {
+  if (have.get_desc() == want) return have;
+  hold = Tensor({static_cast<std::int64_t>((want.get_size() + 3) / 4)});
+  dnnl::memory m(want, engine(), hold.data());
+  if (copy) {
+    dnnl::reorder(have, m).execute(stream(), const_cast<dnnl::memory&>(have), m);
+    stream().wait();
+  }
+  return m;
+}
+
+// Copies `from` into `to` when they are different memories (an output computed in another layout).
+void write_back(const dnnl::memory& from, const dnnl::memory& to) {
+  if (from.get_data_handle() == to.get_data_handle()) return;
+  dnnl::reorder(from, to).execute(stream(), const_cast<dnnl::memory&>(from), const_cast<dnnl::memory&>(to));
+  stream().wait();
+}
+
 dims strides_of(const ops::ConvSpec& s) { return {s.stride, s.stride}; }
 dims pads_of(const ops::ConvSpec& s) { return {s.pad, s.pad}; }
 
@@ -67,8 +100,9 @@ struct ConvPlan {
 std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, const Tensor* bias,
                                     const ops::ConvSpec& spec, const ops::Epilogue& ep,
                                     dnnl::prop_kind prop) {
-  auto src_md = md_nhwc({g.n, g.c, g.h, g.w});
-  auto dst_md = md_nhwc({g.n, g.o, g.oh, g.ow});
+  const bool any = kernel_layout(g, &ep);
+  auto src_md = act_md({g.n, g.c, g.h, g.w}, any);
+  auto dst_md = act_md({g.n, g.o, g.oh, g.ow}, any);
   auto wany = weights_md(g, tag::any);
   dnnl::primitive_attr attr = scratch_attr();
   dnnl::post_ops po;
@@ -129,11 +163,15 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
     plan = make_plan(g, w, bias, spec, ep, dnnl::prop_kind::forward_training);
   }
   Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem(plan->pd.src_desc(), x)},
-                                             {DNNL_ARG_WEIGHTS, plan->weights},
-                                             {DNNL_ARG_DST, mem(plan->pd.dst_desc(), y)}};
+  const dnnl::memory y_mem = mem(md_nhwc(y.shape()), y);
+  Tensor x_hold, y_hold;
+  const dnnl::memory src = in_layout(mem(md_nhwc(x.shape()), x), plan->pd.src_desc(), x_hold, true);
+  const dnnl::memory dst = in_layout(y_mem, plan->pd.dst_desc(), y_hold, false);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, plan->weights}, {DNNL_ARG_DST, dst}};
   if (plan->has_bias) args.emplace(DNNL_ARG_BIAS, plan->bias);
   execute(plan->prim, plan->pd.scratchpad_desc(), std::move(args));
+  write_back(dst, y_mem);
   return y;
 }
 
@@ -144,10 +182,19 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   const ConvGeometry g = geometry(x, w, spec);
   RELPOS_CHECK(dy.shape() == Shape({g.n, g.o, g.oh, g.ow}),
                "conv2d_backward: gradient " << dy.describe() << " does not match the output shape");
-  auto src_md = md_nhwc(x.shape());
-  auto dst_md = md_nhwc(dy.shape());
+  const bool any = kernel_layout(g, nullptr);
+  auto src_md = act_md(x.shape(), any);
+  auto dst_md = act_md(dy.shape(), any);
   auto wany = weights_md(g, tag::any);
   auto wplain_md = weights_md(g, tag::oihw);
+  const dnnl::memory x_nhwc = mem(md_nhwc(x.shape()), x);
+  const dnnl::memory dy_nhwc = mem(md_nhwc(dy.shape()), dy);
+  Tensor dy_hold;  // dy in the kernels' layout, shared by both gradients
+  dnnl::memory dy_mem;
+  auto dy_for = [&](const dnnl::memory::desc& want) {
+    if (!dy_mem || dy_mem.get_desc() != want) dy_mem = in_layout(dy_nhwc, want, dy_hold, true);
+    return dy_mem;
+  };
   dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training,
                                      dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
                                      strides_of(spec), pads_of(spec), pads_r(g, spec));
@@ -163,8 +210,10 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
     auto dw_plain = mem(wplain_md, grads.dw);
     const bool direct = pd.diff_weights_desc() == wplain_md;
     dnnl::memory dw_mem = direct ? dw_plain : dnnl::memory(pd.diff_weights_desc(), engine());
+    Tensor x_hold;
     execute(dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, mem(src_md, x)}, {DNNL_ARG_DIFF_DST, mem(dst_md, dy)},
+            {{DNNL_ARG_SRC, in_layout(x_nhwc, pd.src_desc(), x_hold, true)},
+             {DNNL_ARG_DIFF_DST, dy_for(pd.diff_dst_desc())},
              {DNNL_ARG_DIFF_WEIGHTS, dw_mem}});
     if (!direct) {
       dnnl::reorder(dw_mem, dw_plain).execute(stream(), dw_mem, dw_plain);
@@ -184,9 +233,13 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
       stream().wait();
     }
     grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+    const dnnl::memory dx_nhwc = mem(md_nhwc(x.shape()), grads.dx);
+    Tensor dx_hold;
+    const dnnl::memory dx_mem = in_layout(dx_nhwc, pd.diff_src_desc(), dx_hold, false);
     execute(dnnl::convolution_backward_data(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_DIFF_DST, mem(dst_md, dy)}, {DNNL_ARG_WEIGHTS, w_mem},
-             {DNNL_ARG_DIFF_SRC, mem(src_md, grads.dx)}});
+            {{DNNL_ARG_DIFF_DST, dy_for(pd.diff_dst_desc())}, {DNNL_ARG_WEIGHTS, w_mem},
+             {DNNL_ARG_DIFF_SRC, dx_mem}});
+    write_back(dx_mem, dx_nhwc);
   }
   return grads;
 }
