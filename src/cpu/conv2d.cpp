@@ -48,16 +48,15 @@ dnnl::memory::desc weights_md(const ConvGeometry& g, tag t) {
 
 // Whether the convolution runs on activations in the layout oneDNN picks rather than in nhwc.
 // A residual (sum post-op onto the output) keeps nhwc, so the output is written in place.
-bool kernel_layout(const ConvGeometry& g, const ops::Epilogue* ep) {
-  return g.kh * g.kw > 1 && g.groups == 1 && (ep == nullptr || ep->residual == nullptr);
-}
+bool kernel_layout(const ConvGeometry& g, bool residual) { return g.kh * g.kw > 1 && g.groups == 1 && !residual; }
 
 dnnl::memory::desc act_md(const Shape& shape, bool any) {
   return any ? dnnl::memory::desc({shape[0], shape[1], shape[2], shape[3]}, dt::f32, tag::any) : md_nhwc(shape);
 }
 
 // `have` in the layout `want`: itself when they agree, else a reorder into memory held by `hold`
-// (from the host tensor cache); with copy == false only the memory, for an output.
+// (from the host tensor cache); with copy == false only the memory, for an output (write_back
+// then copies it into `have`). Used for activations, gradients and the backward's weights.
 dnnl::memory in_layout(const dnnl::memory& have, const dnnl::memory::desc& want, Tensor& hold, bool copy) {
   if (have.get_desc() == want) return have;
   hold = Tensor({static_cast<std::int64_t>((want.get_size() + 3) / 4)});
@@ -100,7 +99,7 @@ struct ConvPlan {
 std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, const Tensor* bias,
                                     const ops::ConvSpec& spec, const ops::Epilogue& ep,
                                     dnnl::prop_kind prop) {
-  const bool any = kernel_layout(g, &ep);
+  const bool any = kernel_layout(g, ep.residual != nullptr);
   auto src_md = act_md({g.n, g.c, g.h, g.w}, any);
   auto dst_md = act_md({g.n, g.o, g.oh, g.ow}, any);
   auto wany = weights_md(g, tag::any);
@@ -182,7 +181,7 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   const ConvGeometry g = geometry(x, w, spec);
   RELPOS_CHECK(dy.shape() == Shape({g.n, g.o, g.oh, g.ow}),
                "conv2d_backward: gradient " << dy.describe() << " does not match the output shape");
-  const bool any = kernel_layout(g, nullptr);
+  const bool any = kernel_layout(g, false);
   auto src_md = act_md(x.shape(), any);
   auto dst_md = act_md(dy.shape(), any);
   auto wany = weights_md(g, tag::any);
@@ -207,31 +206,22 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
                                                dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
     dnnl::convolution_backward_weights::primitive_desc pd(d, scratch_attr(), engine(), fpd);
     grads.dw = Tensor(w.shape());
-    auto dw_plain = mem(wplain_md, grads.dw);
-    const bool direct = pd.diff_weights_desc() == wplain_md;
-    dnnl::memory dw_mem = direct ? dw_plain : dnnl::memory(pd.diff_weights_desc(), engine());
-    Tensor x_hold;
+    const dnnl::memory dw_plain = mem(wplain_md, grads.dw);
+    Tensor x_hold, dw_hold;
+    const dnnl::memory dw_mem = in_layout(dw_plain, pd.diff_weights_desc(), dw_hold, false);
     execute(dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(),
             {{DNNL_ARG_SRC, in_layout(x_nhwc, pd.src_desc(), x_hold, true)},
              {DNNL_ARG_DIFF_DST, dy_for(pd.diff_dst_desc())},
              {DNNL_ARG_DIFF_WEIGHTS, dw_mem}});
-    if (!direct) {
-      dnnl::reorder(dw_mem, dw_plain).execute(stream(), dw_mem, dw_plain);
-      stream().wait();
-    }
+    write_back(dw_mem, dw_plain);
   }
   // d input
   if (need_dx) {
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
                                             strides_of(spec), pads_of(spec), pads_r(g, spec));
     dnnl::convolution_backward_data::primitive_desc pd(d, scratch_attr(), engine(), fpd);
-    auto w_plain = mem(wplain_md, w);
-    dnnl::memory w_mem = w_plain;
-    if (pd.weights_desc() != wplain_md) {
-      w_mem = dnnl::memory(pd.weights_desc(), engine());
-      dnnl::reorder(w_plain, w_mem).execute(stream(), w_plain, w_mem);
-      stream().wait();
-    }
+    Tensor w_hold;
+    const dnnl::memory w_mem = in_layout(mem(wplain_md, w), pd.weights_desc(), w_hold, true);
     grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
     const dnnl::memory dx_nhwc = mem(md_nhwc(x.shape()), grads.dx);
     Tensor dx_hold;
