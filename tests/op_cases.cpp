@@ -244,6 +244,36 @@ void conv_cases(std::vector<OpCase>& out) {
     };
     out.push_back(std::move(c));
   }
+  // inference with a plan cache, as layers run it: 3x3 stride-1 convolutions with channel counts in
+  // multiples of 8 take the CPU's Winograd kernels (src/cpu/conv2d_winograd.hpp). Maps that are not
+  // whole 4x4 tiles, output channels that are not whole 16-channel blocks, more tiles than one
+  // chunk, and a row block of fewer than six tiles.
+  struct WinogradShp {
+    Shape x;
+    int o;
+    bool bias;
+    Act act;
+  };
+  for (const WinogradShp& s : {WinogradShp{{2, 16, 7, 6}, 24, true, Act::ReLU}, WinogradShp{{3, 8, 9, 13}, 40, false, Act::None},
+                               WinogradShp{{1, 24, 5, 5}, 8, true, Act::None},
+                               WinogradShp{{4, 64, 21, 19}, 32, true, Act::ReLU}}) {
+    OpCase c;
+    c.covers = {"conv2d"};
+    const ops::ConvSpec sp{1, 1, 1};
+    c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " 3x3 s1" + (s.bias ? " + bias" : "") +
+             " + " + to_string(s.act) + ", plan cache (Winograd on AVX2)";
+    c.inputs = {rnd(s.x, 21, 1.0f, Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 22, 0.2f), rnd({s.o}, 23)};
+    auto cache = std::make_shared<OpCache>();
+    const bool bias = s.bias;
+    const Act act = s.act;
+    c.run = [sp, cache, bias, act](const std::vector<Tensor>& in, const Tensor&) {
+      return OpRun{{ops::conv2d(in[0], in[1], bias ? &in[2] : nullptr, sp, {nullptr, act}, cache.get())}, {}};
+    };
+    c.reference = [sp, bias, act](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ref_conv(in[0], in[1], bias ? &in[2] : nullptr, sp, nullptr, act)};
+    };
+    out.push_back(std::move(c));
+  }
   // network-sized convolutions (botnet26t_256's) for the micro-benchmark, with a plan cache as
   // layers run them; too big for the naive reference, they run the kernels the cases above check
   for (const Shp& s : {Shp{{1, 64, 64, 64}, 256, 1, 1, 0, 1}, Shp{{8, 64, 64, 64}, 256, 1, 1, 0, 1},

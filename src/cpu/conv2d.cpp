@@ -6,14 +6,40 @@
 // than the reorders cost (tools/bench/README.md has the measurements).
 #include <omp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string>
 
+#include "cpu/conv2d_winograd.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
+
+namespace winograd {
+
+bool available() {
+  static const bool on = [] {
+    const char* env = std::getenv("RELPOS_WINOGRAD");
+    if (env && std::string(env) == "0") return false;
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+  }();
+  return on;
+}
+
+bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
+           int pad, int groups, Act act) {
+  return kh == 3 && kw == 3 && stride == 1 && pad == 1 && groups == 1 && in_channels % 8 == 0 &&
+         out_channels % 8 == 0 && (act == Act::None || act == Act::ReLU);
+}
+
+}  // namespace winograd
 
 namespace {
 
@@ -150,6 +176,21 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
               const ops::Epilogue& ep, OpCache* cache) {
   const Tensor x = as_channels_last(x_in);
   const ConvGeometry g = geometry(x, w, spec);
+#if defined(__x86_64__)  // conv2d_winograd.cpp is built for x86-64 only
+  // Inference (a plan cache) of a 3x3 stride-1 convolution: Winograd F(4x4, 3x3).
+  if (cache && !ep.residual && winograd::available() &&
+      winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
+    const std::string key = "winograd:" + std::to_string(bias != nullptr);
+    auto wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
+    if (!wt) {
+      wt = winograd::transform_weights(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
+      cache->put(key, wt);
+    }
+    Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
+    winograd::conv3x3(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
+    return y;
+  }
+#endif
   std::shared_ptr<ConvPlan> plan;
   if (cache) {
     const std::string key = plan_key(g, spec, ep, bias != nullptr);
