@@ -1,5 +1,8 @@
 // Training: optimizers against PyTorch's update rules, the schedule, data loading and
 // augmentation, falling loss, determinism, and checkpoints that resume exactly.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -297,6 +300,35 @@ TEST_CASE("training a few steps lowers the loss; the same seeds give the same we
   for (const char* f : {"model.json", "log.csv", "curves.png", "checkpoint.safetensors"}) CHECK(fs::exists(dir.path + "/a/" + f));
   Model back = Model::load(dir.path + "/a/model.json");
   CHECK(back.labels() == std::vector<std::string>{"bars", "columns", "dots"});
+}
+
+TEST_CASE("a training run keeps one thread count while another process loads the machine") {
+  // The adaptive default (docs/threads.md) would give a core to a busy neighbour; training keeps
+  // OpenMP's default instead, since oneDNN's reductions, and so the weights, depend on the count.
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (std::getenv("OMP_NUM_THREADS") || std::getenv("RELPOS_ADAPTIVE_THREADS") || cores < 2 || num_threads() != 0) {
+    MESSAGE("skipped: the thread count is set from outside, or one core");
+    return;
+  }
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 12, 3);
+  const pid_t busy = fork();
+  REQUIRE(busy >= 0);
+  if (busy == 0) {
+    for (volatile unsigned long i = 0;; i = i + 1) {
+    }
+  }
+  std::vector<int> seen;
+  TrainOptions o = small_run(dir.path + "/data", dir.path + "/out");
+  o.on_event = [&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::Step) seen.push_back(threads_in_use());
+  };
+  Model m = Model::create(test::tiny_rgb_config(), 4);
+  train(m, o);
+  kill(busy, SIGKILL);
+  waitpid(busy, nullptr, 0);
+  REQUIRE(!seen.empty());
+  for (int n : seen) CHECK(n == cores);
 }
 
 TEST_CASE("a run stopped mid-epoch or between epochs resumes to exactly the uninterrupted weights") {

@@ -25,6 +25,7 @@ namespace relpos {
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<int> g_num_threads{0};
+std::atomic<int> g_fixed_runs{0};  // live FixedThreadCount objects
 
 using LogHandler = std::function<void(const std::string&)>;
 std::mutex g_log_mutex;
@@ -109,9 +110,15 @@ int adaptive_threads() {
 
 void detail::apply_thread_setting() {
   const int set = g_num_threads;
-  const int n = set > 0 ? set : adaptive_threads();
+  const int n = set > 0 ? set : g_fixed_runs > 0 ? std::max(1, g_openmp_default) : adaptive_threads();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
+
+detail::FixedThreadCount::FixedThreadCount() {
+  ++g_fixed_runs;
+  apply_thread_setting();
+}
+detail::FixedThreadCount::~FixedThreadCount() { --g_fixed_runs; }
 
 void detail::log(const std::string& message) {
   std::shared_ptr<const LogHandler> h;

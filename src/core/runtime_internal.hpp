@@ -7,6 +7,18 @@ namespace relpos::detail {
 
 // Makes the calling thread use the thread setting (every op and Model call starts with it).
 void apply_thread_setting();
+// While one lives (a training run), the adaptive default gives way to a fixed count: OpenMP's own
+// default (OMP_NUM_THREADS, else every core). oneDNN's reductions (weight gradients, batch norm
+// statistics) depend on the thread count, and a training run must give the same weights for the
+// same seed, and a resumed run the same weights as an uninterrupted one, whatever the load on the
+// machine did meanwhile. set_num_threads(n > 0) still wins.
+class FixedThreadCount {
+ public:
+  FixedThreadCount();
+  ~FixedThreadCount();
+  FixedThreadCount(const FixedThreadCount&) = delete;
+  FixedThreadCount& operator=(const FixedThreadCount&) = delete;
+};
 // A message for the application's log handler (stderr by default).
 void log(const std::string& message);
 

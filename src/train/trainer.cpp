@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/runtime_internal.hpp"
 #include "data/dataset_subset.hpp"
 #include "io/atomic_file.hpp"
 #include "relpos/error.hpp"
@@ -114,6 +115,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
 TrainResult train(Model& model, const TrainOptions& options, const std::string& resume, const std::atomic<bool>* stop,
                   int resume_epochs) {
   TrainOptions opts = options;
+  const detail::FixedThreadCount fixed_threads;  // reproducible weights: no adaptive thread count
   detail::DataParallel dp;  // the processes of this run (one, or those mpirun started)
   detail::TrainProgress prog;
   std::optional<detail::Checkpoint> ck;
