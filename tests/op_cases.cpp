@@ -192,7 +192,10 @@ void conv_cases(std::vector<OpCase>& out) {
   for (const Shp& s : {Shp{{2, 3, 5, 5}, 4, 3, 1, 1, 1}, Shp{{2, 4, 7, 7}, 6, 3, 2, 1, 2}, Shp{{2, 4, 6, 6}, 4, 1, 2, 0, 1},
                        Shp{{2, 2, 6, 6}, 3, 5, 1, 2, 1}, Shp{{1, 6, 5, 9}, 6, 3, 1, 1, 6},
                        // channels in whole SIMD blocks: the CPU runs these in oneDNN's blocked layout
-                       Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1}}) {
+                       Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1},
+                       // 3x3 stride 1 with channels in multiples of 8: Winograd on AVX2, forward and
+                       // input gradient (8 in, 24 out, so that swapping them in the backward shows)
+                       Shp{{2, 8, 9, 5}, 24, 3, 1, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};

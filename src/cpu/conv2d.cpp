@@ -177,14 +177,16 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   const Tensor x = as_channels_last(x_in);
   const ConvGeometry g = geometry(x, w, spec);
 #if defined(__x86_64__)  // conv2d_winograd.cpp is built for x86-64 only
-  // Inference (a plan cache) of a 3x3 stride-1 convolution: Winograd F(4x4, 3x3).
-  if (cache && !ep.residual && winograd::available() &&
+  // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3). For inference the transformed kernels stay in
+  // the layer's plan cache; in training (no cache) they are made for each call, as the weights change.
+  if (!ep.residual && winograd::available() &&
       winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
     const std::string key = "winograd:" + std::to_string(bias != nullptr);
-    auto wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
+    std::shared_ptr<winograd::Weights> wt;
+    if (cache) wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
     if (!wt) {
-      wt = winograd::transform_weights(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
-      cache->put(key, wt);
+      wt = winograd::transform_weights(w.data(), g.o, g.c, bias ? bias->data() : nullptr, false);
+      if (cache) cache->put(key, wt);
     }
     Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
     winograd::conv3x3(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
@@ -257,6 +259,16 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
     write_back(dw_mem, dw_plain);
   }
   // d input
+#if defined(__x86_64__)
+  // A 3x3 stride-1 convolution's input gradient is itself one (of dy with the kernels turned by
+  // 180 degrees and their channels swapped): Winograd F(4x4, 3x3), as in the forward.
+  if (need_dx && winograd::available() && winograd::suits(g.o, g.c, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None)) {
+    const auto wt = winograd::transform_weights(w.data(), g.c, g.o, nullptr, true);
+    grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+    winograd::conv3x3(dy.data(), g.n, g.oh, g.ow, *wt, Act::None, grads.dx.data());
+    need_dx = false;
+  }
+#endif
   if (need_dx) {
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
                                             strides_of(spec), pads_of(spec), pads_r(g, spec));

@@ -220,7 +220,8 @@ struct AlignedFree {
 
 }  // namespace
 
-std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias) {
+std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias,
+                                           bool turned) {
   static const double G[kIn][3] = {{1.0 / 4, 0, 0},
                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
@@ -235,19 +236,22 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
   wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
   wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
   if (bias) std::copy(bias, bias + out, wt->bias.begin());
+  float* u_out = wt->u.data();
+#pragma omp parallel for schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
     for (std::int64_t c = 0; c < in; ++c) {
-      const float* k = w + (o * in + c) * 9;
+      double k[3][3];
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+          k[i][j] = turned ? w[((c * out + o) * 3 + 2 - i) * 3 + 2 - j] : w[((o * in + c) * 3 + i) * 3 + j];
       double gk[kIn][3];  // G g
       for (int i = 0; i < kIn; ++i)
-        for (int j = 0; j < 3; ++j)
-          gk[i][j] = G[i][0] * k[0 * 3 + j] + G[i][1] * k[1 * 3 + j] + G[i][2] * k[2 * 3 + j];
+        for (int j = 0; j < 3; ++j) gk[i][j] = G[i][0] * k[0][j] + G[i][1] * k[1][j] + G[i][2] * k[2][j];
       for (int i = 0; i < kIn; ++i)
         for (int j = 0; j < kIn; ++j) {
           const double u = gk[i][0] * G[j][0] + gk[i][1] * G[j][1] + gk[i][2] * G[j][2];  // (G g) G^T
           const std::int64_t p = i * kIn + j;
-          wt->u[static_cast<std::size_t>(((p * blocks + o / kCols) * in + c) * kCols + o % kCols)] =
-              static_cast<float>(u);
+          u_out[((p * blocks + o / kCols) * in + c) * kCols + o % kCols] = static_cast<float>(u);
         }
     }
   return wt;

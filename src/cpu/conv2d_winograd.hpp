@@ -34,8 +34,11 @@ struct Weights {
   std::vector<float> bias;  // out values, zeros without a bias
 };
 
-// w: (out, in, 3, 3) contiguous; bias: out values or null.
-std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias);
+// w: (out, in, 3, 3) contiguous; bias: out values or null. With `turned`, w is a forward
+// convolution's (in, out, 3, 3) kernels and the result convolves its output gradient into its input
+// gradient: the kernels turned by 180 degrees with input and output channels swapped.
+std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias,
+                                           bool turned);
 
 // y = act(conv(x, w) + bias), x (n, h, w, in) and y (n, h, w, out) both channels-last, on
 // omp_get_max_threads() threads.
