@@ -66,14 +66,14 @@ void transform_input(const float* x, const Geometry& g, std::int64_t first, std:
     const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
     const std::int64_t y0 = ty * kTile - 1, x0 = tx * kTile - 1;
     const bool inside = y0 >= 0 && x0 >= 0 && y0 + kIn <= g.h && x0 + kIn <= g.w;
-    const float* base = x + ((img * g.h + y0) * g.w + x0) * g.in;
     float* out = v + t * g.in;
     for (std::int64_t c = 0; c < g.in; c += 8) {
       __m256 d[kIn][kIn];
       for (int i = 0; i < kIn; ++i)
         for (int j = 0; j < kIn; ++j) {
-          const bool in_bounds = inside || (y0 + i >= 0 && y0 + i < g.h && x0 + j >= 0 && x0 + j < g.w);
-          d[i][j] = in_bounds ? _mm256_loadu_ps(base + (i * g.w + j) * g.in + c) : _mm256_setzero_ps();
+          const std::int64_t yy = y0 + i, xx = x0 + j;  // the tile's pixel, -1 or past the edge in the padding
+          const bool in_bounds = inside || (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w);
+          d[i][j] = in_bounds ? _mm256_loadu_ps(x + ((img * g.h + yy) * g.w + xx) * g.in + c) : _mm256_setzero_ps();
         }
       // columns, then rows
       __m256 t1[kIn][kIn];
