@@ -244,7 +244,17 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   ops::ConvGrads grads;
 
   // d weights
-  {
+#if defined(__x86_64__)
+  const bool winograd_dw =
+      winograd::available() && winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None);
+  if (winograd_dw) {
+    grads.dw = Tensor(w.shape());
+    winograd::conv3x3_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
+  }
+#else
+  const bool winograd_dw = false;
+#endif
+  if (!winograd_dw) {
     dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, src_md, wany,
                                                dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
     dnnl::convolution_backward_weights::primitive_desc pd(d, scratch_attr(), engine(), fpd);

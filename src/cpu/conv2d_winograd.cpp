@@ -53,20 +53,41 @@ inline void output_1d(const __m256 m[6], __m256 o[4]) {
   o[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
 }
 
+// A applied to four vectors (a column or a row of an output-gradient tile): the transpose of
+// output_1d, as the weight gradient needs.
+inline void grad_1d(const __m256 d[4], __m256 r[6]) {
+  const __m256 s02 = _mm256_add_ps(d[0], d[2]), s13 = _mm256_add_ps(d[1], d[3]);
+  const __m256 two = _mm256_set1_ps(2.0f), four = _mm256_set1_ps(4.0f), eight = _mm256_set1_ps(8.0f);
+  const __m256 e = _mm256_fmadd_ps(four, d[2], d[0]), o = _mm256_fmadd_ps(eight, d[3], _mm256_mul_ps(two, d[1]));
+  r[0] = d[0];
+  r[1] = _mm256_add_ps(s02, s13);
+  r[2] = _mm256_sub_ps(s02, s13);
+  r[3] = _mm256_add_ps(e, o);
+  r[4] = _mm256_sub_ps(e, o);
+  r[5] = d[3];
+}
+
 struct Geometry {
   std::int64_t n, h, w, in, out, out_pad, tiles_y, tiles_x;
 };
 
-// The input tiles first..first+count of the batch, transformed into v: [36][count][in].
-void transform_input(const float* x, const Geometry& g, std::int64_t first, std::int64_t count, float* v) {
+// Where transform_input writes channel c of tile t at position p:
+//   p * pos + t * tile + (c / 16) * block + c % 16
+// ([36][count][in] for the forward; [36][in_pad / 16][count][16] for the weight gradient's products).
+struct TileLayout {
+  std::int64_t pos, tile, block;
+  std::int64_t at(int p, std::int64_t t, std::int64_t c) const { return p * pos + t * tile + (c / 16) * block + c % 16; }
+};
+
+// The input tiles first..first+count of the batch, transformed (B^T d B) into v.
+void transform_input(const float* x, const Geometry& g, std::int64_t first, std::int64_t count, const TileLayout& l,
+                     float* v) {
   const std::int64_t per_image = g.tiles_y * g.tiles_x;
-  const std::int64_t pos_stride = count * g.in;
   for (std::int64_t t = 0; t < count; ++t) {
     const std::int64_t tile = first + t;
     const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
     const std::int64_t y0 = ty * kTile - 1, x0 = tx * kTile - 1;
     const bool inside = y0 >= 0 && x0 >= 0 && y0 + kIn <= g.h && x0 + kIn <= g.w;
-    float* out = v + t * g.in;
     for (std::int64_t c = 0; c < g.in; c += 8) {
       __m256 d[kIn][kIn];
       for (int i = 0; i < kIn; ++i)
@@ -86,18 +107,21 @@ void transform_input(const float* x, const Geometry& g, std::int64_t first, std:
       for (int i = 0; i < kIn; ++i) {
         __m256 r[kIn];
         input_1d(t1[i], r);
-        for (int j = 0; j < kIn; ++j) _mm256_storeu_ps(out + (i * kIn + j) * pos_stride + c, r[j]);
+        for (int j = 0; j < kIn; ++j) _mm256_storeu_ps(v + l.at(i * kIn + j, t, c), r[j]);
       }
     }
   }
 }
 
-// m[rows x 16] = v[rows x in] * u[in x 16], for R < 6 rows (the last block of a chunk); v's rows
-// are `in` apart, m's `ldm`.
+// m[rows x 16] = v[rows x in] * u[in x 16] (or m += with `add`), for R < 6 rows (the last block of
+// a chunk); v's rows are `in` apart, m's `ldm`.
 template <int R>
-void product_block(const float* v, const float* u, std::int64_t in, float* m, std::int64_t ldm) {
+void product_block(const float* v, const float* u, std::int64_t in, float* m, std::int64_t ldm, bool add) {
   __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = add ? _mm256_loadu_ps(m + r * ldm) : _mm256_setzero_ps();
+    acc[r][1] = add ? _mm256_loadu_ps(m + r * ldm + 8) : _mm256_setzero_ps();
+  }
   for (std::int64_t k = 0; k < in; ++k) {
     const __m256 b0 = _mm256_loadu_ps(u + k * kCols), b1 = _mm256_loadu_ps(u + k * kCols + 8);
     for (int r = 0; r < R; ++r) {
@@ -114,9 +138,11 @@ void product_block(const float* v, const float* u, std::int64_t in, float* m, st
 
 // The same for 6 rows, with the twelve accumulators as named variables: GCC 12 keeps an array of
 // them in registers but also stores it to the stack on every iteration.
-void product_block6(const float* v, const float* u, std::int64_t in, float* m, std::int64_t ldm) {
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
-  __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+void product_block6(const float* v, const float* u, std::int64_t in, float* m, std::int64_t ldm, bool add) {
+  const auto start = [&](std::int64_t offset) { return add ? _mm256_loadu_ps(m + offset) : _mm256_setzero_ps(); };
+  __m256 a00 = start(0), a01 = start(8), a10 = start(ldm), a11 = start(ldm + 8);
+  __m256 a20 = start(2 * ldm), a21 = start(2 * ldm + 8), a30 = start(3 * ldm), a31 = start(3 * ldm + 8);
+  __m256 a40 = start(4 * ldm), a41 = start(4 * ldm + 8), a50 = start(5 * ldm), a51 = start(5 * ldm + 8);
   const float *v0 = v, *v1 = v + in, *v2 = v + 2 * in, *v3 = v + 3 * in, *v4 = v + 4 * in, *v5 = v + 5 * in;
   for (std::int64_t k = 0; k < in; ++k) {
     const __m256 b0 = _mm256_loadu_ps(u + k * kCols), b1 = _mm256_loadu_ps(u + k * kCols + 8);
@@ -153,29 +179,33 @@ void product_block6(const float* v, const float* u, std::int64_t in, float* m, s
   _mm256_storeu_ps(m + 5 * ldm + 8, a51);
 }
 
+// m (rows x 16 blocks, rows `ldm` apart) = v (rows x k, rows k apart) times u, packed as
+// [blocks][k][16] with blocks `u_block` apart; or m += with `add`.
+void product(const float* v, std::int64_t rows, std::int64_t k, const float* u, std::int64_t blocks,
+             std::int64_t u_block, float* m, std::int64_t ldm, bool add) {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const float* ub = u + b * u_block;
+    std::int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows) product_block6(v + r * k, ub, k, m + r * ldm + b * kCols, ldm, add);
+    const float* vr = v + r * k;
+    float* mr = m + r * ldm + b * kCols;
+    switch (rows - r) {
+      case 5: product_block<5>(vr, ub, k, mr, ldm, add); break;
+      case 4: product_block<4>(vr, ub, k, mr, ldm, add); break;
+      case 3: product_block<3>(vr, ub, k, mr, ldm, add); break;
+      case 2: product_block<2>(vr, ub, k, mr, ldm, add); break;
+      case 1: product_block<1>(vr, ub, k, mr, ldm, add); break;
+      default: break;
+    }
+  }
+}
+
 // M[p] = V[p] * U[p] for the 36 positions; v: [36][count][in], m: [36][count][out_pad].
 void products(const float* v, const Weights& wt, std::int64_t count, float* m) {
   const std::int64_t blocks = wt.out_pad / kCols;
-  for (int p = 0; p < kPos; ++p) {
-    const float* vp = v + p * count * wt.in;
-    float* mp = m + p * count * wt.out_pad;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const float* u = wt.u.data() + (p * blocks + b) * wt.in * kCols;
-      std::int64_t r = 0;
-      for (; r + kRows <= count; r += kRows)
-        product_block6(vp + r * wt.in, u, wt.in, mp + r * wt.out_pad + b * kCols, wt.out_pad);
-      const float* vr = vp + r * wt.in;
-      float* mr = mp + r * wt.out_pad + b * kCols;
-      switch (count - r) {
-        case 5: product_block<5>(vr, u, wt.in, mr, wt.out_pad); break;
-        case 4: product_block<4>(vr, u, wt.in, mr, wt.out_pad); break;
-        case 3: product_block<3>(vr, u, wt.in, mr, wt.out_pad); break;
-        case 2: product_block<2>(vr, u, wt.in, mr, wt.out_pad); break;
-        case 1: product_block<1>(vr, u, wt.in, mr, wt.out_pad); break;
-        default: break;
-      }
-    }
-  }
+  for (int p = 0; p < kPos; ++p)
+    product(v + p * count * wt.in, count, wt.in, wt.u.data() + p * blocks * wt.in * kCols, blocks, wt.in * kCols,
+            m + p * count * wt.out_pad, wt.out_pad, false);
 }
 
 // The products of tiles first..first+count back into the output, with bias and activation.
@@ -282,11 +312,117 @@ void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, con
     for (std::int64_t ch = 0; ch < chunks; ++ch) {
       const std::int64_t first = ch * per_chunk;
       const std::int64_t count = std::min(per_chunk, tiles - first);
-      transform_input(x, g, first, count, v);
+      transform_input(x, g, first, count, TileLayout{count * g.in, g.in, kCols}, v);
       products(v, wt, count, m);
       transform_output(m, g, wt, act, first, count, y);
     }
   }
+}
+
+namespace {
+
+// The output-gradient tiles first..first+count (4x4, zeros past the map's edge), transformed
+// (A dy A^T) into d: [36][out][count], each channel's tiles contiguous (the products' rows).
+void transform_grad(const float* dy, const Geometry& g, std::int64_t first, std::int64_t count, float* d) {
+  const std::int64_t per_image = g.tiles_y * g.tiles_x;
+  alignas(32) float lanes[8];
+  for (std::int64_t t = 0; t < count; ++t) {
+    const std::int64_t tile = first + t;
+    const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
+    const std::int64_t y0 = ty * kTile, x0 = tx * kTile;
+    for (std::int64_t o = 0; o < g.out; o += 8) {
+      __m256 v[kTile][kTile];
+      for (int i = 0; i < kTile; ++i)
+        for (int j = 0; j < kTile; ++j) {
+          const std::int64_t yy = y0 + i, xx = x0 + j;
+          v[i][j] = yy < g.h && xx < g.w ? _mm256_loadu_ps(dy + ((img * g.h + yy) * g.w + xx) * g.out + o)
+                                         : _mm256_setzero_ps();
+        }
+      __m256 t1[kIn][kTile];
+      for (int j = 0; j < kTile; ++j) {
+        __m256 col[kTile], r[kIn];
+        for (int i = 0; i < kTile; ++i) col[i] = v[i][j];
+        grad_1d(col, r);
+        for (int i = 0; i < kIn; ++i) t1[i][j] = r[i];
+      }
+      for (int i = 0; i < kIn; ++i) {
+        __m256 r[kIn];
+        grad_1d(t1[i], r);
+        for (int j = 0; j < kIn; ++j) {
+          _mm256_store_ps(lanes, r[j]);
+          float* at = d + ((i * kIn + j) * g.out + o) * count + t;
+          for (int k = 0; k < 8; ++k) at[k * count] = lanes[k];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                         std::int64_t in, std::int64_t out, float* dw) {
+  const std::int64_t in_pad = (in + kCols - 1) / kCols * kCols;
+  // Geometry's out_pad is unused here; the products' columns are the input channels
+  Geometry g{n, h, w, in, out, 0, (h + kTile - 1) / kTile, (w + kTile - 1) / kTile};
+  const std::int64_t tiles = n * g.tiles_y * g.tiles_x;
+  const std::int64_t per_tile = kPos * (in_pad + out) * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t per_chunk = std::clamp<std::int64_t>((384 << 10) / per_tile, 8, 256);
+  const std::int64_t chunks = (tiles + per_chunk - 1) / per_chunk;
+  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(chunks)));
+  const std::size_t sums = static_cast<std::size_t>(kPos * out * in_pad);  // S[36][out][in_pad], per thread
+  const std::size_t work = static_cast<std::size_t>(kPos * per_chunk * (in_pad + out));
+  const std::size_t per_thread = ((sums + work) * sizeof(float) + 63) / 64 * 64;  // bytes
+  std::unique_ptr<float, AlignedFree> buf(static_cast<float*>(std::aligned_alloc(64, per_thread * threads)));
+  if (!buf) throw std::bad_alloc();
+#pragma omp parallel num_threads(threads)
+  {
+    float* s = buf.get() + per_thread / sizeof(float) * static_cast<std::size_t>(omp_get_thread_num());
+    float* xt = s + sums;
+    float* dt = xt + kPos * per_chunk * in_pad;
+    std::fill(s, s + sums, 0.0f);
+#pragma omp for schedule(static)
+    for (std::int64_t ch = 0; ch < chunks; ++ch) {
+      const std::int64_t first = ch * per_chunk;
+      const std::int64_t count = std::min(per_chunk, tiles - first);
+      const TileLayout packed{in_pad * count, kCols, count * kCols};
+      if (in_pad != in)  // the last block's padding channels
+        for (int p = 0; p < kPos; ++p)
+          for (std::int64_t t = 0; t < count; ++t) std::fill_n(xt + packed.at(p, t, in), in_pad - in, 0.0f);
+      transform_input(x, g, first, count, packed, xt);
+      transform_grad(dy, g, first, count, dt);
+      // S[p] (out x in_pad) += D[p] (out x count) * X[p] (count x in_pad)
+      for (int p = 0; p < kPos; ++p)
+        product(dt + p * out * count, out, count, xt + p * in_pad * count, in_pad / kCols, count * kCols,
+                s + p * out * in_pad, in_pad, true);
+    }
+  }
+  // dw[o][c] = G^T (S summed over the threads, in their order) G
+  static const double G[kIn][3] = {{1.0 / 4, 0, 0},
+                                    {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                    {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                    {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                    {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                    {0, 0, 1}};
+  const float* base = buf.get();
+  const std::size_t stride = per_thread / sizeof(float);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t c = 0; c < in; ++c) {
+      double sp[kIn][kIn];
+      for (int p = 0; p < kPos; ++p) {
+        double v = 0.0;
+        for (int th = 0; th < threads; ++th) v += base[th * stride + (p * out + o) * in_pad + c];
+        sp[p / kIn][p % kIn] = v;
+      }
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+          double v = 0.0;
+          for (int a = 0; a < kIn; ++a)
+            for (int b = 0; b < kIn; ++b) v += G[a][i] * sp[a][b] * G[b][j];
+          dw[((o * in + c) * 3 + i) * 3 + j] = static_cast<float>(v);
+        }
+    }
 }
 
 }  // namespace relpos::cpu::winograd

@@ -44,4 +44,11 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
 // omp_get_max_threads() threads.
 void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act, float* y);
 
+// The weight gradient of the same convolution: dw (out, in, 3, 3) from x (n, h, w, in) and the
+// output gradient dy (n, h, w, out), both channels-last. With Y = A^T [(G g G^T) (.) (B^T d B)] A,
+// the gradient of each 3x3 kernel is G^T [sum over tiles of (A dY A^T) (.) (B^T d B)] G: 36
+// products over the tiles, then one small transform per (out, in) pair.
+void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                         std::int64_t in, std::int64_t out, float* dw);
+
 }  // namespace relpos::cpu::winograd
