@@ -3,7 +3,9 @@
 // OpCache, and bias, residual add and activation run fused as oneDNN post-ops. Spatial kernels
 // (3x3 and larger) run in the activation layout oneDNN picks for them (nChw8c on AVX2,
 // nChw16c on AVX-512), with reorders in and out: its nhwc kernels for them are slower by more
-// than the reorders cost (tools/bench/README.md has the measurements).
+// than the reorders cost (tools/bench/README.md has the measurements). 3x3 stride-1 convolutions
+// with channel counts in multiples of 8 run through relpos's own Winograd kernels instead, forward
+// and both gradients, on CPUs with AVX2 and FMA (conv2d_winograd.hpp).
 #include <omp.h>
 
 #include <cstdlib>
