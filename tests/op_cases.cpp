@@ -314,41 +314,51 @@ void norm_cases(std::vector<OpCase>& out) {
     };
     out.push_back(std::move(c));
   }
-  for (Act act : {Act::None, Act::ReLU, Act::SiLU}) {
-    OpCase c;
-    c.covers = {"batchnorm_train", "batchnorm_backward"};
-    c.name = "batchnorm_train + " + to_string(act) + " (batch statistics, running statistics updated)";
-    c.inputs = {rnd({3, 4, 3, 2}, act == Act::None ? 4 : 40, 2.0f, Layout::ChannelsLast), rnd({4}, 41), rnd({4}, 42)};
-    c.diff = {0, 1, 2};
-    c.fd_eps = act == Act::None ? 1e-2f : 1e-3f;  // below the spread of the pre-activations (few kinks crossed)
-    c.tol_fd = 3e-2f;
-    c.run = [act](const std::vector<Tensor>& in, const Tensor& dy) {
-      Tensor rm = Tensor::zeros({4}, in[0].device()), rv = Tensor::full({4}, 1.0f, in[0].device());
-      ops::BatchStats st;
-      OpRun r;
-      r.outputs = {ops::batchnorm_train(in[0], in[1], in[2], rm, rv, 1e-5f, 0.1f, act, st)};
-      r.outputs.push_back(rm);
-      r.outputs.push_back(rv);
-      if (dy.defined()) {
-        const auto g = ops::batchnorm_backward(in[0], in[1], st, dy);
-        r.grads = {g.dx, g.dgamma, g.dbeta};
-      }
-      return r;
-    };
-    c.reference = [act](const std::vector<Tensor>& in) {
-      Vec mean, var;
-      batch_stats(in[0], mean, var);
-      const double n = static_cast<double>(in[0].numel() / in[0].dim(1));
-      Vec rm(4), rv(4);
-      for (std::size_t k = 0; k < 4; ++k) {
-        rm[k] = 0.1f * mean[k];
-        rv[k] = static_cast<float>(0.9 + 0.1 * var[k] * n / (n - 1));  // unbiased, as PyTorch
-      }
-      return std::vector<Tensor>{ref_norm(in[0], in[1].to_vector(), in[2].to_vector(), mean, var, 1e-5f, act),
-                                 Tensor::from_vector({4}, rm), Tensor::from_vector({4}, rv)};
-    };
-    out.push_back(std::move(c));
-  }
+  // channel counts below and in whole SIMD blocks, and enough pixels for oneDNN to split them
+  // between threads
+  struct NormShp {
+    Shape x;
+    std::vector<Act> acts;
+  };
+  for (const NormShp& s : {NormShp{{3, 4, 3, 2}, {Act::None, Act::ReLU, Act::SiLU}}, NormShp{{2, 16, 5, 3}, {Act::None, Act::ReLU}},
+                           NormShp{{4, 8, 20, 20}, {Act::ReLU}}})
+    for (Act act : s.acts) {
+      OpCase c;
+      c.covers = {"batchnorm_train", "batchnorm_backward"};
+      const std::int64_t ch = s.x[1];
+      c.name = "batchnorm_train x" + shape_text(s.x) + " + " + to_string(act) +
+               " (batch statistics, running statistics updated)";
+      c.inputs = {rnd(s.x, act == Act::None ? 4 : 40, 2.0f, Layout::ChannelsLast), rnd({ch}, 41), rnd({ch}, 42)};
+      c.diff = {0, 1, 2};
+      c.fd_eps = act == Act::None ? 1e-2f : 1e-3f;  // below the spread of the pre-activations (few kinks crossed)
+      c.tol_fd = 3e-2f;
+      c.run = [act, ch](const std::vector<Tensor>& in, const Tensor& dy) {
+        Tensor rm = Tensor::zeros({ch}, in[0].device()), rv = Tensor::full({ch}, 1.0f, in[0].device());
+        ops::BatchStats st;
+        OpRun r;
+        r.outputs = {ops::batchnorm_train(in[0], in[1], in[2], rm, rv, 1e-5f, 0.1f, act, st)};
+        r.outputs.push_back(rm);
+        r.outputs.push_back(rv);
+        if (dy.defined()) {
+          const auto g = ops::batchnorm_backward(in[0], in[1], st, dy);
+          r.grads = {g.dx, g.dgamma, g.dbeta};
+        }
+        return r;
+      };
+      c.reference = [act, ch](const std::vector<Tensor>& in) {
+        Vec mean, var;
+        batch_stats(in[0], mean, var);
+        const double n = static_cast<double>(in[0].numel() / in[0].dim(1));
+        Vec rm(static_cast<std::size_t>(ch)), rv(static_cast<std::size_t>(ch));
+        for (std::size_t k = 0; k < rm.size(); ++k) {
+          rm[k] = 0.1f * mean[k];
+          rv[k] = static_cast<float>(0.9 + 0.1 * var[k] * n / (n - 1));  // unbiased, as PyTorch
+        }
+        return std::vector<Tensor>{ref_norm(in[0], in[1].to_vector(), in[2].to_vector(), mean, var, 1e-5f, act),
+                                   Tensor::from_vector({ch}, rm), Tensor::from_vector({ch}, rv)};
+      };
+      out.push_back(std::move(c));
+    }
 }
 
 void elementwise_cases(std::vector<OpCase>& out) {

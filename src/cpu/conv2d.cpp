@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cpu/conv2d_winograd.hpp"
+#include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "relpos/error.hpp"
@@ -25,12 +26,7 @@ namespace winograd {
 bool available() {
   static const bool on = [] {
     const char* env = std::getenv("RELPOS_WINOGRAD");
-    if (env && std::string(env) == "0") return false;
-#if defined(__x86_64__)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
+    return !(env && std::string(env) == "0") && avx2_kernels();
   }();
   return on;
 }

@@ -18,7 +18,8 @@
 
 namespace relpos::cpu::winograd {
 
-// The CPU runs the kernels (AVX2 and FMA), and RELPOS_WINOGRAD is not set to 0.
+// The CPU runs the kernels (cpu_features.hpp: AVX2 and FMA, RELPOS_SIMD not "generic"), and
+// RELPOS_WINOGRAD is not set to 0.
 bool available();
 
 // Whether a convolution suits these kernels: 3x3, stride 1, padding 1, no groups, channel counts

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/attention_geometry.hpp"
+#include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "cpu/sasa_planes.hpp"
@@ -35,12 +36,7 @@ std::int64_t scratch_floats(const Planes& p) {
 const Kernels& kernels() {
   static const Kernels& chosen = [] () -> const Kernels& {
     // RELPOS_SIMD=generic: the portable kernels even on an AVX2 CPU (the tests run both).
-    const char* force = std::getenv("RELPOS_SIMD");
-    if (force && std::strcmp(force, "generic") == 0) return generic::kKernels;
-#if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::kKernels;
-#endif
-    return generic::kKernels;
+    return avx2_kernels() ? avx2::kKernels : generic::kKernels;
   }();
   return chosen;
 }
