@@ -33,8 +33,9 @@ bool available() {
 
 bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
            int pad, int groups, Act act) {
+  // (the transformed kernels take 4x the memory of the kernels: up to 1024 x 1024 channels)
   return kh == 3 && kw == 3 && stride == 1 && pad == 1 && groups == 1 && in_channels % 8 == 0 &&
-         out_channels % 8 == 0 && (act == Act::None || act == Act::ReLU);
+         out_channels % 8 == 0 && in_channels * out_channels <= (1 << 20) && (act == Act::None || act == Act::ReLU);
 }
 
 }  // namespace winograd

@@ -290,11 +290,13 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
 void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act, float* y) {
   Geometry g{n, h, w, wt.in, wt.out, wt.out_pad, (h + kTile - 1) / kTile, (w + kTile - 1) / kTile};
   const std::int64_t tiles = n * g.tiles_y * g.tiles_x;
+  if (tiles == 0) return;
   // Tiles per chunk: V and M of a chunk within about 384 KiB (most of a core's L2), at least one
   // register block, and as many chunks per thread as the work allows.
   const std::int64_t per_tile = kPos * (g.in + g.out_pad) * static_cast<std::int64_t>(sizeof(float));
   const std::int64_t most = std::max<std::int64_t>(kRows, (384 << 10) / per_tile);
-  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>((tiles + kRows - 1) / kRows)));
+  const int threads = static_cast<int>(
+      std::max<std::int64_t>(1, std::min<std::int64_t>(omp_get_max_threads(), (tiles + kRows - 1) / kRows)));
   std::int64_t chunks = (tiles + most - 1) / most;
   chunks = (chunks + threads - 1) / threads * threads;
   const std::int64_t per_chunk = (tiles + chunks - 1) / chunks;
@@ -369,8 +371,11 @@ void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::i
   const std::int64_t per_tile = kPos * (in_pad + out) * static_cast<std::int64_t>(sizeof(float));
   const std::int64_t per_chunk = std::clamp<std::int64_t>((384 << 10) / per_tile, 8, 256);
   const std::int64_t chunks = (tiles + per_chunk - 1) / per_chunk;
-  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(chunks)));
-  const std::size_t sums = static_cast<std::size_t>(kPos * out * in_pad);  // S[36][out][in_pad], per thread
+  // Each thread sums into its own S[36][out][in_pad]: at most 256 MiB of them together.
+  const std::size_t sums = static_cast<std::size_t>(kPos * out * in_pad);
+  const std::int64_t most_threads = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / static_cast<std::int64_t>(sums * sizeof(float)));
+  const int threads = static_cast<int>(
+      std::max<std::int64_t>(1, std::min<std::int64_t>({std::int64_t{omp_get_max_threads()}, chunks, most_threads})));
   const std::size_t work = static_cast<std::size_t>(kPos * per_chunk * (in_pad + out));
   const std::size_t per_thread = ((sums + work) * sizeof(float) + 63) / 64 * 64;  // bytes
   std::unique_ptr<float, AlignedFree> buf(static_cast<float*>(std::aligned_alloc(64, per_thread * threads)));

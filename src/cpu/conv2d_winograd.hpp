@@ -23,7 +23,7 @@ namespace relpos::cpu::winograd {
 bool available();
 
 // Whether a convolution suits these kernels: 3x3, stride 1, padding 1, no groups, channel counts
-// multiples of 8, no activation but ReLU.
+// multiples of 8 with at most 2^20 kernels, no activation but ReLU.
 bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
            int pad, int groups, Act act);
 
