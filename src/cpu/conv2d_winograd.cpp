@@ -32,6 +32,10 @@ constexpr int kPos = 36;       // positions in the transformed tile
 constexpr int kRows = 6;       // tiles per register block of the matrix product
 constexpr int kCols = 16;      // output channels per register block
 
+// G, in double: the kernels' transforms (forward and weight gradient) are made with it.
+constexpr double G[kIn][3] = {{1.0 / 4, 0, 0},         {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                              {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6},  {0, 0, 1}};
+
 // B^T applied to six vectors (a column or a row of the input tile).
 inline void input_1d(const __m256 d[6], __m256 r[6]) {
   const __m256 four = _mm256_set1_ps(4.0f), five = _mm256_set1_ps(5.0f), two = _mm256_set1_ps(2.0f);
@@ -69,7 +73,27 @@ inline void grad_1d(const __m256 d[4], __m256 r[6]) {
 
 struct Geometry {
   std::int64_t n, h, w, in, out, out_pad, tiles_y, tiles_x;
+  // tile number -> image and the tile's first output row and column
+  void locate(std::int64_t tile, std::int64_t& img, std::int64_t& y0, std::int64_t& x0) const {
+    const std::int64_t per_image = tiles_y * tiles_x;
+    img = tile / per_image;
+    y0 = (tile % per_image) / tiles_x * kTile;
+    x0 = tile % tiles_x * kTile;
+  }
 };
+
+// M d M^T for an N x N tile d, M being K x N: `map` (N vectors to K) on the columns, then on the rows.
+template <int N, int K, typename Map>
+void transform_2d(const __m256 (&d)[N][N], const Map& map, __m256 (&out)[K][K]) {
+  __m256 t1[K][N];
+  for (int j = 0; j < N; ++j) {
+    __m256 col[N], r[K];
+    for (int i = 0; i < N; ++i) col[i] = d[i][j];
+    map(col, r);
+    for (int i = 0; i < K; ++i) t1[i][j] = r[i];
+  }
+  for (int i = 0; i < K; ++i) map(t1[i], out[i]);
+}
 
 // Where transform_input writes channel c of tile t at position p:
 //   p * pos + t * tile + (c / 16) * block + c % 16
@@ -82,33 +106,23 @@ struct TileLayout {
 // The input tiles first..first+count of the batch, transformed (B^T d B) into v.
 void transform_input(const float* x, const Geometry& g, std::int64_t first, std::int64_t count, const TileLayout& l,
                      float* v) {
-  const std::int64_t per_image = g.tiles_y * g.tiles_x;
   for (std::int64_t t = 0; t < count; ++t) {
-    const std::int64_t tile = first + t;
-    const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
-    const std::int64_t y0 = ty * kTile - 1, x0 = tx * kTile - 1;
+    std::int64_t img, y0, x0;
+    g.locate(first + t, img, y0, x0);
+    --y0;  // the input tile starts one pixel up and left, in the padding at the edges
+    --x0;
     const bool inside = y0 >= 0 && x0 >= 0 && y0 + kIn <= g.h && x0 + kIn <= g.w;
     for (std::int64_t c = 0; c < g.in; c += 8) {
-      __m256 d[kIn][kIn];
+      __m256 d[kIn][kIn], r[kIn][kIn];
       for (int i = 0; i < kIn; ++i)
         for (int j = 0; j < kIn; ++j) {
-          const std::int64_t yy = y0 + i, xx = x0 + j;  // the tile's pixel, -1 or past the edge in the padding
+          const std::int64_t yy = y0 + i, xx = x0 + j;
           const bool in_bounds = inside || (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w);
           d[i][j] = in_bounds ? _mm256_loadu_ps(x + ((img * g.h + yy) * g.w + xx) * g.in + c) : _mm256_setzero_ps();
         }
-      // columns, then rows
-      __m256 t1[kIn][kIn];
-      for (int j = 0; j < kIn; ++j) {
-        __m256 col[kIn], r[kIn];
-        for (int i = 0; i < kIn; ++i) col[i] = d[i][j];
-        input_1d(col, r);
-        for (int i = 0; i < kIn; ++i) t1[i][j] = r[i];
-      }
-      for (int i = 0; i < kIn; ++i) {
-        __m256 r[kIn];
-        input_1d(t1[i], r);
-        for (int j = 0; j < kIn; ++j) _mm256_storeu_ps(v + l.at(i * kIn + j, t, c), r[j]);
-      }
+      transform_2d(d, input_1d, r);
+      for (int i = 0; i < kIn; ++i)
+        for (int j = 0; j < kIn; ++j) _mm256_storeu_ps(v + l.at(i * kIn + j, t, c), r[i][j]);
     }
   }
 }
@@ -146,37 +160,28 @@ void product_block6(const float* v, const float* u, std::int64_t in, float* m, s
   const float *v0 = v, *v1 = v + in, *v2 = v + 2 * in, *v3 = v + 3 * in, *v4 = v + 4 * in, *v5 = v + 5 * in;
   for (std::int64_t k = 0; k < in; ++k) {
     const __m256 b0 = _mm256_loadu_ps(u + k * kCols), b1 = _mm256_loadu_ps(u + k * kCols + 8);
-    __m256 a = _mm256_broadcast_ss(v0 + k);
-    a00 = _mm256_fmadd_ps(a, b0, a00);
-    a01 = _mm256_fmadd_ps(a, b1, a01);
-    a = _mm256_broadcast_ss(v1 + k);
-    a10 = _mm256_fmadd_ps(a, b0, a10);
-    a11 = _mm256_fmadd_ps(a, b1, a11);
-    a = _mm256_broadcast_ss(v2 + k);
-    a20 = _mm256_fmadd_ps(a, b0, a20);
-    a21 = _mm256_fmadd_ps(a, b1, a21);
-    a = _mm256_broadcast_ss(v3 + k);
-    a30 = _mm256_fmadd_ps(a, b0, a30);
-    a31 = _mm256_fmadd_ps(a, b1, a31);
-    a = _mm256_broadcast_ss(v4 + k);
-    a40 = _mm256_fmadd_ps(a, b0, a40);
-    a41 = _mm256_fmadd_ps(a, b1, a41);
-    a = _mm256_broadcast_ss(v5 + k);
-    a50 = _mm256_fmadd_ps(a, b0, a50);
-    a51 = _mm256_fmadd_ps(a, b1, a51);
+    const auto row = [&](const float* vr, __m256& lo, __m256& hi) {
+      const __m256 a = _mm256_broadcast_ss(vr + k);
+      lo = _mm256_fmadd_ps(a, b0, lo);
+      hi = _mm256_fmadd_ps(a, b1, hi);
+    };
+    row(v0, a00, a01);
+    row(v1, a10, a11);
+    row(v2, a20, a21);
+    row(v3, a30, a31);
+    row(v4, a40, a41);
+    row(v5, a50, a51);
   }
-  _mm256_storeu_ps(m, a00);
-  _mm256_storeu_ps(m + 8, a01);
-  _mm256_storeu_ps(m + ldm, a10);
-  _mm256_storeu_ps(m + ldm + 8, a11);
-  _mm256_storeu_ps(m + 2 * ldm, a20);
-  _mm256_storeu_ps(m + 2 * ldm + 8, a21);
-  _mm256_storeu_ps(m + 3 * ldm, a30);
-  _mm256_storeu_ps(m + 3 * ldm + 8, a31);
-  _mm256_storeu_ps(m + 4 * ldm, a40);
-  _mm256_storeu_ps(m + 4 * ldm + 8, a41);
-  _mm256_storeu_ps(m + 5 * ldm, a50);
-  _mm256_storeu_ps(m + 5 * ldm + 8, a51);
+  const auto put = [&](std::int64_t r, __m256 lo, __m256 hi) {
+    _mm256_storeu_ps(m + r * ldm, lo);
+    _mm256_storeu_ps(m + r * ldm + 8, hi);
+  };
+  put(0, a00, a01);
+  put(1, a10, a11);
+  put(2, a20, a21);
+  put(3, a30, a31);
+  put(4, a40, a41);
+  put(5, a50, a51);
 }
 
 // m (rows x 16 blocks, rows `ldm` apart) = v (rows x k, rows k apart) times u, packed as
@@ -211,53 +216,52 @@ void products(const float* v, const Weights& wt, std::int64_t count, float* m) {
 // The products of tiles first..first+count back into the output, with bias and activation.
 void transform_output(const float* m, const Geometry& g, const Weights& wt, Act act, std::int64_t first,
                       std::int64_t count, float* y) {
-  const std::int64_t per_image = g.tiles_y * g.tiles_x;
   const std::int64_t pos_stride = count * g.out_pad;
   const __m256 zero = _mm256_setzero_ps();
   for (std::int64_t t = 0; t < count; ++t) {
-    const std::int64_t tile = first + t;
-    const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
-    const std::int64_t y0 = ty * kTile, x0 = tx * kTile;
+    std::int64_t img, y0, x0;
+    g.locate(first + t, img, y0, x0);
     const int rows = static_cast<int>(std::min<std::int64_t>(kTile, g.h - y0));
     const int cols = static_cast<int>(std::min<std::int64_t>(kTile, g.w - x0));
     const float* in = m + t * g.out_pad;
     float* base = y + ((img * g.h + y0) * g.w + x0) * g.out;
     for (std::int64_t c = 0; c < g.out; c += 8) {
       const __m256 bias = _mm256_loadu_ps(wt.bias.data() + c);
-      __m256 t1[kTile][kIn];
-      for (int j = 0; j < kIn; ++j) {
-        __m256 col[kIn], o[kTile];
-        for (int i = 0; i < kIn; ++i) col[i] = _mm256_loadu_ps(in + (i * kIn + j) * pos_stride + c);
-        output_1d(col, o);
-        for (int i = 0; i < kTile; ++i) t1[i][j] = o[i];
-      }
-      for (int i = 0; i < rows; ++i) {
-        __m256 o[kTile];
-        output_1d(t1[i], o);
+      __m256 d[kIn][kIn], o[kTile][kTile];
+      for (int i = 0; i < kIn; ++i)
+        for (int j = 0; j < kIn; ++j) d[i][j] = _mm256_loadu_ps(in + (i * kIn + j) * pos_stride + c);
+      transform_2d(d, output_1d, o);
+      for (int i = 0; i < rows; ++i)
         for (int j = 0; j < cols; ++j) {
-          __m256 r = _mm256_add_ps(o[j], bias);
+          __m256 r = _mm256_add_ps(o[i][j], bias);
           if (act == Act::ReLU) r = _mm256_max_ps(r, zero);
           _mm256_storeu_ps(base + (i * g.w + j) * g.out + c, r);
         }
-      }
     }
   }
 }
 
-struct AlignedFree {
-  void operator()(float* p) const { std::free(p); }
+// `threads` scratch areas of `floats` floats each, 64-byte aligned.
+class ThreadScratch {
+ public:
+  ThreadScratch(std::size_t floats, int threads) : stride_((floats + 15) / 16 * 16) {
+    data_.reset(static_cast<float*>(std::aligned_alloc(64, stride_ * sizeof(float) * static_cast<std::size_t>(threads))));
+    if (!data_) throw std::bad_alloc();
+  }
+  float* of(int thread) const { return data_.get() + stride_ * static_cast<std::size_t>(thread); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::size_t stride_;
+  std::unique_ptr<float, Free> data_;
 };
 
 }  // namespace
 
 std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias,
                                            bool turned) {
-  static const double G[kIn][3] = {{1.0 / 4, 0, 0},
-                                    {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                    {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                    {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                    {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                    {0, 0, 1}};
   auto wt = std::make_shared<Weights>();
   wt->in = in;
   wt->out = out;
@@ -303,12 +307,10 @@ void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, con
   chunks = (tiles + per_chunk - 1) / per_chunk;
   const std::size_t v_size = static_cast<std::size_t>(kPos * per_chunk * g.in);
   const std::size_t m_size = static_cast<std::size_t>(kPos * per_chunk * g.out_pad);
-  const std::size_t per_thread = ((v_size + m_size) * sizeof(float) + 63) / 64 * 64;  // bytes
-  std::unique_ptr<float, AlignedFree> buf(static_cast<float*>(std::aligned_alloc(64, per_thread * threads)));
-  if (!buf) throw std::bad_alloc();
+  const ThreadScratch scratch(v_size + m_size, threads);
 #pragma omp parallel num_threads(threads)
   {
-    float* v = buf.get() + per_thread / sizeof(float) * static_cast<std::size_t>(omp_get_thread_num());
+    float* v = scratch.of(omp_get_thread_num());
     float* m = v + v_size;
 #pragma omp for schedule(static)
     for (std::int64_t ch = 0; ch < chunks; ++ch) {
@@ -326,35 +328,23 @@ namespace {
 // The output-gradient tiles first..first+count (4x4, zeros past the map's edge), transformed
 // (A dy A^T) into d: [36][out][count], each channel's tiles contiguous (the products' rows).
 void transform_grad(const float* dy, const Geometry& g, std::int64_t first, std::int64_t count, float* d) {
-  const std::int64_t per_image = g.tiles_y * g.tiles_x;
   alignas(32) float lanes[8];
   for (std::int64_t t = 0; t < count; ++t) {
-    const std::int64_t tile = first + t;
-    const std::int64_t img = tile / per_image, ty = (tile % per_image) / g.tiles_x, tx = tile % g.tiles_x;
-    const std::int64_t y0 = ty * kTile, x0 = tx * kTile;
+    std::int64_t img, y0, x0;
+    g.locate(first + t, img, y0, x0);
     for (std::int64_t o = 0; o < g.out; o += 8) {
-      __m256 v[kTile][kTile];
+      __m256 v[kTile][kTile], r[kIn][kIn];
       for (int i = 0; i < kTile; ++i)
         for (int j = 0; j < kTile; ++j) {
           const std::int64_t yy = y0 + i, xx = x0 + j;
           v[i][j] = yy < g.h && xx < g.w ? _mm256_loadu_ps(dy + ((img * g.h + yy) * g.w + xx) * g.out + o)
                                          : _mm256_setzero_ps();
         }
-      __m256 t1[kIn][kTile];
-      for (int j = 0; j < kTile; ++j) {
-        __m256 col[kTile], r[kIn];
-        for (int i = 0; i < kTile; ++i) col[i] = v[i][j];
-        grad_1d(col, r);
-        for (int i = 0; i < kIn; ++i) t1[i][j] = r[i];
-      }
-      for (int i = 0; i < kIn; ++i) {
-        __m256 r[kIn];
-        grad_1d(t1[i], r);
-        for (int j = 0; j < kIn; ++j) {
-          _mm256_store_ps(lanes, r[j]);
-          float* at = d + ((i * kIn + j) * g.out + o) * count + t;
-          for (int k = 0; k < 8; ++k) at[k * count] = lanes[k];
-        }
+      transform_2d(v, grad_1d, r);
+      for (int p = 0; p < kPos; ++p) {
+        _mm256_store_ps(lanes, r[p / kIn][p % kIn]);
+        float* at = d + (p * g.out + o) * count + t;
+        for (int k = 0; k < 8; ++k) at[k * count] = lanes[k];
       }
     }
   }
@@ -377,12 +367,10 @@ void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::i
   const int threads = static_cast<int>(
       std::max<std::int64_t>(1, std::min<std::int64_t>({std::int64_t{omp_get_max_threads()}, chunks, most_threads})));
   const std::size_t work = static_cast<std::size_t>(kPos * per_chunk * (in_pad + out));
-  const std::size_t per_thread = ((sums + work) * sizeof(float) + 63) / 64 * 64;  // bytes
-  std::unique_ptr<float, AlignedFree> buf(static_cast<float*>(std::aligned_alloc(64, per_thread * threads)));
-  if (!buf) throw std::bad_alloc();
+  const ThreadScratch scratch(sums + work, threads);
 #pragma omp parallel num_threads(threads)
   {
-    float* s = buf.get() + per_thread / sizeof(float) * static_cast<std::size_t>(omp_get_thread_num());
+    float* s = scratch.of(omp_get_thread_num());
     float* xt = s + sums;
     float* dt = xt + kPos * per_chunk * in_pad;
     std::fill(s, s + sums, 0.0f);
@@ -403,21 +391,13 @@ void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::i
     }
   }
   // dw[o][c] = G^T (S summed over the threads, in their order) G
-  static const double G[kIn][3] = {{1.0 / 4, 0, 0},
-                                    {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                    {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                    {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                    {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                    {0, 0, 1}};
-  const float* base = buf.get();
-  const std::size_t stride = per_thread / sizeof(float);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
     for (std::int64_t c = 0; c < in; ++c) {
       double sp[kIn][kIn];
       for (int p = 0; p < kPos; ++p) {
         double v = 0.0;
-        for (int th = 0; th < threads; ++th) v += base[th * stride + (p * out + o) * in_pad + c];
+        for (int th = 0; th < threads; ++th) v += scratch.of(th)[(p * out + o) * in_pad + c];
         sp[p / kIn][p % kIn] = v;
       }
       for (int i = 0; i < 3; ++i)
