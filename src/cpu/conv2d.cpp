@@ -223,6 +223,22 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   const ConvGeometry g = geometry(x, w, spec);
   RELPOS_CHECK(dy.shape() == Shape({g.n, g.o, g.oh, g.ow}),
                "conv2d_backward: gradient " << dy.describe() << " does not match the output shape");
+  ops::ConvGrads grads;
+#if defined(__x86_64__)
+  // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3) for both gradients. The input gradient is
+  // itself such a convolution, of dy with the kernels turned by 180 degrees and their channels
+  // swapped; the weight gradient has its own transforms (conv2d_winograd.hpp).
+  if (winograd::available() && winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None)) {
+    grads.dw = Tensor(w.shape());
+    winograd::conv3x3_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
+    if (need_dx) {
+      const auto wt = winograd::transform_weights(w.data(), g.c, g.o, nullptr, true);
+      grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+      winograd::conv3x3(dy.data(), g.n, g.oh, g.ow, *wt, Act::None, grads.dx.data());
+    }
+    return grads;
+  }
+#endif
   const bool any = kernel_layout(g, false);
   auto src_md = act_md(x.shape(), any);
   auto dst_md = act_md(dy.shape(), any);
@@ -240,20 +256,9 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
                                      dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
                                      strides_of(spec), pads_of(spec), pads_r(g, spec));
   dnnl::convolution_forward::primitive_desc fpd(fd, scratch_attr(), engine());
-  ops::ConvGrads grads;
 
   // d weights
-#if defined(__x86_64__)
-  const bool winograd_dw =
-      winograd::available() && winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None);
-  if (winograd_dw) {
-    grads.dw = Tensor(w.shape());
-    winograd::conv3x3_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
-  }
-#else
-  const bool winograd_dw = false;
-#endif
-  if (!winograd_dw) {
+  {
     dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, src_md, wany,
                                                dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
     dnnl::convolution_backward_weights::primitive_desc pd(d, scratch_attr(), engine(), fpd);
@@ -268,16 +273,6 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
     write_back(dw_mem, dw_plain);
   }
   // d input
-#if defined(__x86_64__)
-  // A 3x3 stride-1 convolution's input gradient is itself one (of dy with the kernels turned by
-  // 180 degrees and their channels swapped): Winograd F(4x4, 3x3), as in the forward.
-  if (need_dx && winograd::available() && winograd::suits(g.o, g.c, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None)) {
-    const auto wt = winograd::transform_weights(w.data(), g.c, g.o, nullptr, true);
-    grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
-    winograd::conv3x3(dy.data(), g.n, g.oh, g.ow, *wt, Act::None, grads.dx.data());
-    need_dx = false;
-  }
-#endif
   if (need_dx) {
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
                                             strides_of(spec), pads_of(spec), pads_r(g, spec));
