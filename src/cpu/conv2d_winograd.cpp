@@ -368,12 +368,14 @@ void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::i
       std::max<std::int64_t>(1, std::min<std::int64_t>({std::int64_t{omp_get_max_threads()}, chunks, most_threads})));
   const std::size_t work = static_cast<std::size_t>(kPos * per_chunk * (in_pad + out));
   const ThreadScratch scratch(sums + work, threads);
+  // zeroed before the team starts: a smaller team than asked for (inside another parallel region)
+  // leaves some areas unused, and all are added up below
+  for (int th = 0; th < threads; ++th) std::fill_n(scratch.of(th), sums, 0.0f);
 #pragma omp parallel num_threads(threads)
   {
     float* s = scratch.of(omp_get_thread_num());
     float* xt = s + sums;
     float* dt = xt + kPos * per_chunk * in_pad;
-    std::fill(s, s + sums, 0.0f);
 #pragma omp for schedule(static)
     for (std::int64_t ch = 0; ch < chunks; ++ch) {
       const std::int64_t first = ch * per_chunk;
