@@ -257,14 +257,16 @@ TEST_CASE("SASA local attention matches the reference for several windows, forwa
 }
 
 TEST_CASE("SASA local attention: rows past 8 pixels, channel counts off the vector width, windows wider than the map") {
-  // The CPU kernels run 8 query pixels and up to 8 channels at a time: these shapes have partial
-  // vectors, partial channel chunks and windows larger than the map. Gradients are checked along
-  // random directions (the full central differences would take minutes at these sizes).
+  // The CPU kernels run 8 or 16 query pixels (AVX2, or AVX-512 and the generic build) and up to 8
+  // channels at a time: these shapes have partial vectors, partial channel chunks and windows larger
+  // than the map; maps 16 and wider run AVX-512's kernels where the CPU has them (W = 17: one full
+  // vector and one lane; W = 37: two and five). Gradients are checked along random directions (the
+  // full central differences would take minutes at these sizes).
   struct Geo {
     int B, H, W, heads, dqk, dv, k;
   };
   for (const Geo& s : {Geo{1, 5, 11, 3, 10, 9, 7}, Geo{2, 3, 17, 1, 2, 1, 5}, Geo{1, 9, 8, 2, 16, 8, 9},
-                       Geo{1, 2, 2, 2, 6, 5, 7}}) {
+                       Geo{1, 2, 2, 2, 6, 5, 7}, Geo{2, 6, 37, 2, 10, 9, 7}, Geo{1, 4, 16, 1, 4, 3, 3}}) {
     CAPTURE(s.H);
     CAPTURE(s.W);
     CAPTURE(s.k);

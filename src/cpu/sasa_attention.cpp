@@ -30,28 +30,27 @@ namespace sasa {
 
 std::int64_t scratch_floats(const Planes& p) {
   const std::int64_t kk = static_cast<std::int64_t>(p.k) * p.k;
-  return kLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half) + 16;
+  return kMaxLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half) + 16;
 }
 
-const Kernels& kernels() {
-  static const Kernels& chosen = [] () -> const Kernels& {
-    // RELPOS_SIMD=generic: the portable kernels even on an AVX2 CPU (the tests run both).
-    return avx2_kernels() ? avx2::kKernels : generic::kKernels;
-  }();
-  return chosen;
+const Kernels& kernels(int W) {
+  // RELPOS_SIMD=generic: the portable kernels even on an AVX2 CPU; RELPOS_SIMD=avx2: no AVX-512 (the
+  // tests run each). A map narrower than 16 would leave half of AVX-512's lanes empty.
+  if (avx512_kernels() && W >= 16) return avx512::kKernels;
+  return avx2_kernels() ? avx2::kKernels : generic::kKernels;
 }
 
 }  // namespace sasa
 
 namespace {
 
-sasa::Planes planes_of(const SasaGeometry& g, const Tensor& r_row, const Tensor& r_col) {
+sasa::Planes planes_of(const SasaGeometry& g, const Tensor& r_row, const Tensor& r_col, const sasa::Kernels& kern) {
   sasa::Planes p;
   p.H = static_cast<int>(g.H);
   p.W = static_cast<int>(g.W);
   p.k = g.k;
   p.r = g.r;
-  p.Wv = (p.W + sasa::kLanes - 1) / sasa::kLanes * sasa::kLanes;
+  p.Wv = (p.W + kern.lanes - 1) / kern.lanes * kern.lanes;
   p.Hp = p.H + 2 * p.r;
   p.Wp = p.Wv + 2 * p.r;
   p.heads = g.heads;
@@ -148,8 +147,8 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   Tensor out({g.B, g.Co, g.H, g.W}, Device::CPU, Layout::ChannelsLast);
   const std::int64_t kk = static_cast<std::int64_t>(g.k) * g.k;
   if (probs) *probs = Tensor({g.B, g.H, g.W, g.heads, kk});
-  const sasa::Planes p = planes_of(g, r_row, r_col);
-  const sasa::Kernels& kern = sasa::kernels();
+  const sasa::Kernels& kern = sasa::kernels(static_cast<int>(g.W));
+  const sasa::Planes p = planes_of(g, r_row, r_col, kern);
   const int threads = omp_get_max_threads();
   const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * g.H, threads);
   bool clean = false;
@@ -184,8 +183,8 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   grads.dqkv = Tensor(qkv.shape(), Device::CPU, Layout::ChannelsLast);
   grads.dr_row = Tensor::zeros(r_row.shape());
   grads.dr_col = Tensor::zeros(r_col.shape());
-  const sasa::Planes p = planes_of(g, r_row, r_col);
-  const sasa::Kernels& kern = sasa::kernels();
+  const sasa::Kernels& kern = sasa::kernels(static_cast<int>(g.W));
+  const sasa::Planes p = planes_of(g, r_row, r_col, kern);
   const int threads = omp_get_max_threads();
   const std::int64_t G = chunk_images(g.B, g.heads, threads);
   const std::int64_t P = p.plane();

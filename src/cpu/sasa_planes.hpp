@@ -2,25 +2,26 @@
 //
 // The op's input is channels-last, where a pixel's channels are contiguous and a window's dot
 // products are short (dqk = 8 in sasa_resnet26's first stage). The kernels instead vectorise over
-// 8 neighbouring query pixels of a row: each channel is a plane of Hp x Wp floats, zero-padded by
-// r = k/2 on every side, so the key of window offset (a, b) for the 8 queries at (y, x0..x0+7) is
-// the 8 contiguous floats at padded (y + a, x0 + b) of every key plane. A window's logits for 8
-// queries are then k*k vector multiply-adds per channel, with no horizontal sums, and the borders
-// are masked lane by lane. The kernels are compiled twice (sasa_simd_generic.cpp and, with AVX2
-// and FMA, sasa_simd_avx2.cpp); sasa_kernels() picks the one this CPU runs.
+// `lanes` (8 or 16) neighbouring query pixels of a row: each channel is a plane of Hp x Wp floats,
+// zero-padded by r = k/2 on every side, so the key of window offset (a, b) for the queries at
+// (y, x0..x0+lanes-1) is the `lanes` contiguous floats at padded (y + a, x0 + b) of every key
+// plane. A window's logits for those queries are then k*k vector multiply-adds per channel, with
+// no horizontal sums, and the borders are masked lane by lane. The kernels are compiled three
+// times (sasa_simd_generic.cpp with 16 lanes, sasa_simd_avx2.cpp with AVX2 and FMA and 8 lanes,
+// sasa_simd_avx512.cpp with AVX-512 and 16 lanes); kernels() picks the set for this CPU and map.
 #pragma once
 
 #include <cstdint>
 
 namespace relpos::cpu::sasa {
 
-// Vector lanes: query pixels of a row handled together.
-constexpr int kLanes = 8;
+// The most vector lanes (query pixels of a row handled together) of any kernel set.
+constexpr int kMaxLanes = 16;
 
 struct Planes {
   int H = 0, W = 0;    // the feature map
   int r = 0, k = 0;    // window radius and size (k = 2r + 1)
-  int Wv = 0;          // W rounded up to a multiple of kLanes
+  int Wv = 0;          // W rounded up to a multiple of the kernels' lanes
   int Hp = 0, Wp = 0;  // padded plane: Hp = H + 2r, Wp = Wv + 2r
   int heads = 0, dqk = 0, dv = 0, half = 0;
   float s = 1.0f;                  // logit scale
@@ -54,16 +55,22 @@ struct Kernels {
   // (2 * k * half floats), into `dr`.
   void (*backward_head)(const Planes& p, const float* qkv, const float* dout, const float* probs, int h, float* dqkv,
                         float* dr, float* scratch);
+  int lanes;  // query pixels per vector: the planes' Wv is W rounded up to a multiple of it
   const char* name;
 };
 
-// The kernels for this CPU (AVX2 + FMA when it has them, else the generic build).
-const Kernels& kernels();
+// The kernels for this CPU and a map W pixels wide: AVX-512 (16 lanes) when the CPU has it and the
+// map is at least 16 wide, else AVX2 + FMA (8 lanes) when it has those, else the generic build.
+// RELPOS_SIMD (cpu_features.hpp) caps the choice.
+const Kernels& kernels(int W);
 
 namespace generic {
 extern const Kernels kKernels;
 }
 namespace avx2 {
+extern const Kernels kKernels;
+}
+namespace avx512 {
 extern const Kernels kKernels;
 }
 
