@@ -8,7 +8,8 @@ of the photos in tests/data/photos, as PNG files), then
   - NNCF: the ONNX export read by OpenVINO, `nncf.quantize` on the same images preprocessed by timm's
     eval transform (which relpos's preprocessing matches);
 then times, per batch size, in alternating rounds: relpos fp32, relpos int8, OpenVINO fp32 and
-OpenVINO int8 (threads = --threads, LATENCY hint), prints img/s and the ratios, and the top-1
+OpenVINO int8 (threads = --threads, LATENCY hint, f32 precision hint: without it OpenVINO runs an
+fp32 model's float layers in bf16 on CPUs with AMX or AVX-512 BF16), prints img/s and the ratios, and the top-1
 agreement of each int8 model with its own fp32 model on the check images.
     tools/bench/bench_int8.sh [--model botnet26t_256] [--batches 1 8] [--threads 2] [--seconds 10]
                               [--rounds 2] [--calib-images 64] [--check-images 64] [--method percentile]
@@ -160,7 +161,10 @@ def main():
 
         def compiled(m, batch):
             m.reshape({m.inputs[0]: [batch, 3, H, W]})
-            c = core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY"})
+            # f32: as relpos, the layers that are not int8 stay float32 (OpenVINO's default on a CPU with
+            # AMX or AVX-512 BF16 is bf16, which would make the "fp32" columns bf16)
+            c = core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY",
+                                              "INFERENCE_PRECISION_HINT": "f32"})
             req = c.create_infer_request()
 
             def run(x):
