@@ -7,8 +7,9 @@
 // (y, x0..x0+lanes-1) is the `lanes` contiguous floats at padded (y + a, x0 + b) of every key
 // plane. A window's logits for those queries are then k*k vector multiply-adds per channel, with
 // no horizontal sums, and the borders are masked lane by lane. The kernels are compiled three
-// times (sasa_simd_generic.cpp with 16 lanes, sasa_simd_avx2.cpp with AVX2 and FMA and 8 lanes,
-// sasa_simd_avx512.cpp with AVX-512 and 16 lanes); kernels() picks the set for this CPU and map.
+// times (sasa_simd_generic.cpp with 16 lanes on x86-64 and 8 elsewhere, sasa_simd_avx2.cpp with
+// AVX2 and FMA and 8 lanes, sasa_simd_avx512.cpp with AVX-512 and 16 lanes); kernels() picks the
+// set for this CPU and map.
 #pragma once
 
 #include <cstdint>
