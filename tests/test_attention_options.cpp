@@ -355,9 +355,14 @@ TEST_CASE("SASA local attention gives the same bits whatever the thread count an
   Tensor pb;
   (void)ops::sasa_attention(b, rr, rc, sp, &pb);  // another layout of the kept planes
   const auto two = run(a, da);
+  // 3 images of 4 heads on 16 threads: fewer (image, head) pairs than threads, so the CPU spreads
+  // whole images first and splits the heads' rows over the threads (the other way of the two)
+  relpos::set_num_threads(16);
+  const auto many = run(a, da);
   relpos::set_num_threads(before);
   for (std::size_t i = 0; i < one.size(); ++i) {
     CAPTURE(i);
     CHECK(one[i] == two[i]);
+    CHECK(one[i] == many[i]);
   }
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <omp.h>
 #include <vector>
 
@@ -30,7 +31,7 @@ namespace sasa {
 
 std::int64_t scratch_floats(const Planes& p) {
   const std::int64_t kk = static_cast<std::int64_t>(p.k) * p.k;
-  return kMaxLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half) + 16;
+  return kMaxLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half + 1);  // whole 64-byte lines
 }
 
 const Kernels& kernels(int W) {
@@ -72,7 +73,7 @@ void spread_to_planes(const sasa::Kernels& kern, const Tensor& src, std::int64_t
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
     for (int py = 0; py < p.Hp; ++py)
-      kern.spread_row(p, src.data() + (b0 + i) * image, C, planes + i * C * P, py, !pads_clean);
+      kern.spread_row(p, src.data() + (b0 + i) * image, C, 0, C, planes + i * C * P, py, !pads_clean);
 }
 
 // The inverse for the map's interior: planes back into images [b0, b0 + n) of channels-last dst.
@@ -85,16 +86,22 @@ void gather_from_planes(const sasa::Kernels& kern, const float* planes, const sa
 }
 
 // Grow-only buffers of the calling thread: allocating (and zeroing) them on every call cost more
-// than filling them.
+// than filling them. 64-byte aligned: the kernels' vectors in the scratch then never straddle
+// cache lines (a split store followed by a load of the same vector stalls).
 float* thread_buffer(int slot, std::int64_t floats) {
+  struct Free {
+    void operator()(float* f) const { std::free(f); }
+  };
   struct Buffer {
-    std::unique_ptr<float[]> data;
+    std::unique_ptr<float, Free> data;
     std::int64_t size = 0;
   };
   thread_local Buffer buffers[2];  // scratch, backward's gradient planes
   Buffer& b = buffers[slot];
   if (b.size < floats) {
-    b.data.reset(new float[static_cast<std::size_t>(floats)]);
+    const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+    b.data.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!b.data) throw std::bad_alloc();
     b.size = floats;
   }
   return b.data.get();
@@ -150,10 +157,40 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   const sasa::Kernels& kern = sasa::kernels(static_cast<int>(g.W));
   const sasa::Planes p = planes_of(g, r_row, r_col, kern);
   const int threads = omp_get_max_threads();
+  const std::int64_t P = p.plane(), S = sasa::scratch_floats(p);
+  const std::int64_t per_image = g.N * g.Ct, dqk = g.dqk, dv = g.dv;
+  const auto probs_of = [&](std::int64_t i) { return probs ? probs->data() + i * g.N * g.heads * kk : nullptr; };
+  if (g.B * g.heads >= threads) {
+    // Enough (image, head) pairs for every thread: each thread spreads one head's q, k and v into its
+    // own planes and runs that head's rows right away, while the planes are in its cache.
+    const std::int64_t head_planes = 2 * dqk + dv;
+#pragma omp parallel
+    {
+      bool clean = false;
+      float* planes = plane_buffer(plane_layout(3, p, head_planes, 1), head_planes * P, &clean);
+      float* scratch = thread_buffer(0, S);
+#pragma omp for schedule(static)
+      for (std::int64_t u = 0; u < g.B * g.heads; ++u) {
+        const std::int64_t i = u / g.heads;
+        const int h = static_cast<int>(u % g.heads);
+        const float* img = qkv.data() + i * per_image;
+        for (int py = 0; py < p.Hp; ++py) {
+          kern.spread_row(p, img, g.Ct, h * dqk, dqk, planes, py, !clean);
+          kern.spread_row(p, img, g.Ct, (g.heads + h) * dqk, dqk, planes + dqk * P, py, !clean);
+          kern.spread_row(p, img, g.Ct, 2 * g.heads * dqk + h * dv, dv, planes + 2 * dqk * P, py, !clean);
+        }
+        clean = true;
+        for (int y = 0; y < p.H; ++y)
+          kern.forward_row(p, planes, planes + dqk * P, planes + 2 * dqk * P, h, y, out.data() + i * g.N * g.Co,
+                           probs_of(i), scratch);
+      }
+    }
+    return out;
+  }
+  // Fewer pairs than threads: the images' planes first, then the rows of every head in parallel.
   const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * g.H, threads);
   bool clean = false;
-  float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * p.plane(), &clean);
-  const std::int64_t S = sasa::scratch_floats(p);
+  float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * P, &clean);
   float* scratch = thread_buffer(0, threads * S);
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
     const std::int64_t n = std::min(G, g.B - b0);
@@ -161,10 +198,12 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
 #pragma omp parallel for collapse(3) schedule(static)
     for (std::int64_t i = 0; i < n; ++i)
       for (int h = 0; h < g.heads; ++h)
-        for (int y = 0; y < p.H; ++y)
-          kern.forward_row(p, planes + i * g.Ct * p.plane(), h, y, out.data() + (b0 + i) * g.N * g.Co,
-                           probs ? probs->data() + (b0 + i) * g.N * g.heads * kk : nullptr,
+        for (int y = 0; y < p.H; ++y) {
+          const float* img = planes + i * g.Ct * P;
+          kern.forward_row(p, img + h * dqk * P, img + (g.heads + h) * dqk * P, img + (2 * g.heads * dqk + h * dv) * P,
+                           h, y, out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i),
                            scratch + omp_get_thread_num() * S);
+        }
   }
   return out;
 }

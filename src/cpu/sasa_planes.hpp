@@ -38,17 +38,19 @@ struct Planes {
 std::int64_t scratch_floats(const Planes& p);
 
 struct Kernels {
-  // Padded row py (0 <= py < Hp) of an image's C planes from its channels-last pixels `img`
-  // (H * W * C floats); with zero_pads, rows and columns outside the map become 0 (else they are
-  // left as they are).
-  void (*spread_row)(const Planes& p, const float* img, std::int64_t C, float* planes, int py, bool zero_pads);
+  // Padded row py (0 <= py < Hp) of the planes of channels c0..c0+nc of an image's channels-last
+  // pixels `img` (H * W * C floats), channel c0 + i into plane i; with zero_pads, rows and columns
+  // outside the map become 0 (else they are left as they are).
+  void (*spread_row)(const Planes& p, const float* img, std::int64_t C, std::int64_t c0, std::int64_t nc,
+                     float* planes, int py, bool zero_pads);
   // Row y of the map from C planes back into channels-last pixels `img`.
   void (*gather_row)(const Planes& p, const float* planes, std::int64_t C, float* img, int y);
-  // One row y of one head h of one image: `qkv` holds the image's q, k and v planes (channels()
-  // planes); writes the output of the row into `out` (the image's channels-last output, heads*dv
-  // channels per pixel) and, when `probs` is given, the probabilities into it (the image's
-  // (H, W, heads, k*k) block, zero where masked).
-  void (*forward_row)(const Planes& p, const float* qkv, int h, int y, float* out, float* probs, float* scratch);
+  // One row y of one head h of one image: Q, K and V point at the head's first q, k and v plane
+  // (dqk, dqk and dv planes, each set contiguous); writes the output of the row into `out` (the
+  // image's channels-last output, heads*dv channels per pixel) and, when `probs` is given, the
+  // probabilities into it (the image's (H, W, heads, k*k) block, zero where masked).
+  void (*forward_row)(const Planes& p, const float* Q, const float* K, const float* V, int h, int y, float* out,
+                      float* probs, float* scratch);
   // The gradients of one head h of one image. `qkv`: the image's planes; `dout`: the output
   // gradient as heads*dv planes; `probs`: the saved (H, W, heads, k*k) block. Adds d q, d k and
   // d v into `dqkv` (channels() planes, zero on entry for this head; padding collects what falls

@@ -1,5 +1,7 @@
 // The planar SASA kernels built with AVX-512 (F, VL, DQ, BW) and FMA, 16 lanes (CMakeLists.txt sets
 // the flags for this file only); kernels() calls them only on a CPU that has them.
+#include <immintrin.h>
+
 #include <cstdint>
 
 #include "cpu/sasa_planes.hpp"

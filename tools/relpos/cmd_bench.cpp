@@ -30,6 +30,7 @@ struct BenchArgs {
   bool json = false, train = false, tf32 = false, backward = false, profile = false;
   std::vector<int> attention;  // h w: time the attention op alone
   int dim = 64, heads = 4;
+  int sasa = 0;  // with --attention: the SASA local attention with this window instead of BoTNet's
 };
 
 using Clock = std::chrono::steady_clock;
@@ -82,10 +83,41 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
   }
 }
 
+// The SASA local attention op alone: qkv of a batch on an h x w map, the position tables random.
+void run_sasa_attention(const BenchArgs& a, Device dev, int h, int w) {
+  SasaSpec spec;
+  spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim, spec.kernel = a.sasa;
+  RELPOS_CHECK(a.dim % 2 == 0, "--dim must be even for SASA (its row and column tables take half each)");
+  RELPOS_CHECK(a.sasa % 2 == 1, "--sasa takes an odd window size, got " << a.sasa);
+  const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
+  const Tensor rr = random_tensor({a.sasa, a.dim / 2}, 2).to(dev), rc = random_tensor({a.sasa, a.dim / 2}, 3).to(dev);
+  std::vector<double> ms;
+  if (a.backward) {
+    const Tensor dout = random_tensor({a.batch, spec.channels_out(), h, w}, 4).channels_last().to(dev);
+    ms = time_runs(a, [&] {
+      Tensor probs;
+      const Tensor out = ops::sasa_attention(qkv, rr, rc, spec, &probs);
+      const auto g = ops::sasa_attention_backward(qkv, rr, rc, spec, probs, dout);
+      synchronize();
+    });
+  } else {
+    ms = time_runs(a, [&] {
+      const Tensor out = ops::sasa_attention(qkv, rr, rc, spec);
+      synchronize();
+    });
+  }
+  report(a, std::string("sasa_attention") + (a.backward ? " fwd+bwd " : " ") + std::to_string(a.sasa) + "x" +
+                std::to_string(a.sasa) + " " + std::to_string(h) + "x" + std::to_string(w) + " d" +
+                std::to_string(a.dim) + " heads" + std::to_string(a.heads),
+         a.batch, to_string(dev), ms);
+}
+
 void run_attention(const BenchArgs& a) {
   RELPOS_CHECK(a.attention.size() == 2, "--attention takes the map height and width");
   const Device dev = a.model.run.apply();
   const int h = a.attention[0], w = a.attention[1];
+  RELPOS_CHECK(h > 0 && w > 0 && a.heads > 0 && a.dim > 0, "--attention, --heads and --dim must be positive");
+  if (a.sasa > 0) return run_sasa_attention(a, dev, h, w);
   BotAttnSpec spec;
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
   const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
@@ -225,6 +257,8 @@ void register_bench(CLI::App& app) {
                 "Also print where the time goes: each layer's ops (ms per run, share, multiply-adds per second)");
   sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
+  sub->add_option("--sasa", args->sasa, "Attention: time SASA local attention with this (odd) window instead of BoTNet's")
+      ->check(CLI::PositiveNumber);
   sub->add_flag("--json", args->json, "Print one JSON object");
   sub->callback([args] { run(*args); });
 }
