@@ -194,8 +194,10 @@ void conv_cases(std::vector<OpCase>& out) {
                        // channels in whole SIMD blocks: the CPU runs these in oneDNN's blocked layout
                        Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1},
                        // 3x3 stride 1 with channels in multiples of 8: Winograd on AVX2, forward and
-                       // input gradient (8 in, 24 out, so that swapping them in the backward shows)
-                       Shp{{2, 8, 9, 5}, 24, 3, 1, 1, 1}}) {
+                       // input gradient (8 in, 24 out, so that swapping them in the backward shows);
+                       // in multiples of 16 the AVX-512 build where the CPU has it (48 in: the weight
+                       // gradient's 32-channel blocks padded)
+                       Shp{{2, 8, 9, 5}, 24, 3, 1, 1, 1}, Shp{{2, 48, 7, 9}, 16, 3, 1, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};
@@ -257,14 +259,18 @@ void conv_cases(std::vector<OpCase>& out) {
     bool bias;
     Act act;
   };
+  // Channel counts in multiples of 16 take the AVX-512 build where the CPU has it (48 out: a
+  // 32-channel block padded; 364 tiles: several chunks, each ending in a register block shorter
+  // than AVX-512's 12 tiles).
   for (const WinogradShp& s : {WinogradShp{{2, 16, 7, 6}, 24, true, Act::ReLU}, WinogradShp{{3, 8, 9, 13}, 40, false, Act::None},
                                WinogradShp{{1, 24, 5, 5}, 8, true, Act::None},
-                               WinogradShp{{4, 64, 21, 19}, 32, true, Act::ReLU}}) {
+                               WinogradShp{{4, 64, 21, 19}, 32, true, Act::ReLU},
+                               WinogradShp{{2, 32, 50, 53}, 48, true, Act::ReLU}}) {
     OpCase c;
     c.covers = {"conv2d"};
     const ops::ConvSpec sp{1, 1, 1};
     c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " 3x3 s1" + (s.bias ? " + bias" : "") +
-             " + " + to_string(s.act) + ", plan cache (Winograd on AVX2)";
+             " + " + to_string(s.act) + ", plan cache (Winograd)";
     c.inputs = {rnd(s.x, 21, 1.0f, Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 22, 0.2f), rnd({s.o}, 23)};
     auto cache = std::make_shared<OpCache>();
     const bool bias = s.bias;

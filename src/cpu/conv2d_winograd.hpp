@@ -4,12 +4,16 @@
 // independent matrix products run over the channels, and the products are transformed back to
 // the output, with the bias and activation applied there. Activations are channels-last (nhwc).
 //
-// Built with AVX2 and FMA (CMakeLists.txt sets the flags for conv2d_winograd.cpp); conv2d()
-// calls it only where the CPU has them (available()). tools/bench/README.md has the measurements
-// and the accuracy against the direct convolution; RELPOS_WINOGRAD=0 turns it off (oneDNN's direct
-// convolution then runs, as for every other shape).
+// The kernels are written once for a number of float lanes (conv2d_winograd_kernels.inc) and built
+// twice: with AVX2 + FMA, 8 lanes (conv2d_winograd_avx2.cpp), and with AVX-512, 16 lanes
+// (conv2d_winograd_avx512.cpp). conv2d() calls them only where the CPU has AVX2 and FMA
+// (available()); the AVX-512 build runs where the CPU has AVX-512 (cpu_features.hpp) and both channel
+// counts are multiples of 16. tools/bench/README.md has the measurements and the accuracy against
+// the direct convolution; RELPOS_WINOGRAD=0 turns them off (oneDNN's direct convolution then runs,
+// as for every other shape), RELPOS_SIMD=avx2 keeps the AVX2 build.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -27,10 +31,12 @@ bool available();
 bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
            int pad, int groups, Act act);
 
-// The transformed kernels, packed for the matrix products: [36][out_pad / 16][in][16], with the
-// output channels padded with zeros to a multiple of 16; and a copy of the bias.
+// The transformed kernels, packed for the matrix products: [36][out_pad / cols][in][cols], with
+// the output channels padded with zeros to a multiple of cols (twice the lanes of the build that
+// runs them); and a copy of the bias.
 struct Weights {
   std::int64_t in = 0, out = 0, out_pad = 0;
+  int lanes = 8;  // 8: the AVX2 build runs them, 16: the AVX-512 build
   std::vector<float> u;
   std::vector<float> bias;  // out values, zeros without a bias
 };
@@ -51,5 +57,33 @@ void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, con
 // products over the tiles, then one small transform per (out, in) pair.
 void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
                          std::int64_t in, std::int64_t out, float* dw);
+
+// ---- between conv2d_winograd.cpp and the kernel builds ----
+
+// Weights without std::vector (the kernel builds use no standard-library templates).
+struct PackedKernels {
+  const float* u;
+  const float* bias;
+  std::int64_t in, out, out_pad;
+};
+
+// dw[o][c] (out, in, 3, 3) = G^T S G, S[36][out][in_pad] being the sum of `threads` per-thread sums
+// that start at `sums` and lie `stride` floats apart, added in thread order.
+void finish_weight_grad(const float* sums, std::size_t stride, int threads, std::int64_t in, std::int64_t out,
+                        std::int64_t in_pad, float* dw);
+
+struct KernelSet {
+  void (*conv3x3)(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const PackedKernels& wt, Act act,
+                  float* y);
+  void (*weight_grad)(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                      std::int64_t in, std::int64_t out, float* dw);
+  int lanes;
+};
+namespace avx2 {
+extern const KernelSet kKernels;
+}
+namespace avx512 {
+extern const KernelSet kKernels;
+}
 
 }  // namespace relpos::cpu::winograd
