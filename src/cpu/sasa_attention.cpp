@@ -31,7 +31,9 @@ namespace sasa {
 
 std::int64_t scratch_floats(const Planes& p) {
   const std::int64_t kk = static_cast<std::int64_t>(p.k) * p.k;
-  return kMaxLanes * (2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half + 1);  // whole 64-byte lines
+  const std::int64_t forward = 2 * kk + 4 * p.k;                                           // two rows' L, pr, pc
+  const std::int64_t backward = 2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half;  // backward_head's
+  return kMaxLanes * (std::max(forward, backward) + 1);  // whole 64-byte lines
 }
 
 const Kernels& kernels(int W) {
@@ -174,21 +176,23 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
         const std::int64_t i = u / g.heads;
         const int h = static_cast<int>(u % g.heads);
         const float* img = qkv.data() + i * per_image;
+        float *q = planes, *k = planes + dqk * P, *v = planes + 2 * dqk * P;
         for (int py = 0; py < p.Hp; ++py) {
-          kern.spread_row(p, img, g.Ct, h * dqk, dqk, planes, py, !clean);
-          kern.spread_row(p, img, g.Ct, (g.heads + h) * dqk, dqk, planes + dqk * P, py, !clean);
-          kern.spread_row(p, img, g.Ct, 2 * g.heads * dqk + h * dv, dv, planes + 2 * dqk * P, py, !clean);
+          kern.spread_row(p, img, g.Ct, h * dqk, dqk, q, py, !clean);
+          kern.spread_row(p, img, g.Ct, (g.heads + h) * dqk, dqk, k, py, !clean);
+          kern.spread_row(p, img, g.Ct, 2 * g.heads * dqk + h * dv, dv, v, py, !clean);
         }
         clean = true;
-        for (int y = 0; y < p.H; ++y)
-          kern.forward_row(p, planes, planes + dqk * P, planes + 2 * dqk * P, h, y, out.data() + i * g.N * g.Co,
-                           probs_of(i), scratch);
+        for (int y = 0; y < p.H; y += 2)
+          kern.forward_rows(p, q, k, v, h, y, std::min(2, p.H - y), out.data() + i * g.N * g.Co, probs_of(i),
+                            scratch);
       }
     }
     return out;
   }
-  // Fewer pairs than threads: the images' planes first, then the rows of every head in parallel.
-  const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * g.H, threads);
+  // Fewer pairs than threads: the images' planes first, then the row pairs of every head in parallel.
+  const int pairs = (p.H + 1) / 2;
+  const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * pairs, threads);
   bool clean = false;
   float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * P, &clean);
   float* scratch = thread_buffer(0, threads * S);
@@ -198,11 +202,12 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
 #pragma omp parallel for collapse(3) schedule(static)
     for (std::int64_t i = 0; i < n; ++i)
       for (int h = 0; h < g.heads; ++h)
-        for (int y = 0; y < p.H; ++y) {
+        for (int pr = 0; pr < pairs; ++pr) {
           const float* img = planes + i * g.Ct * P;
-          kern.forward_row(p, img + h * dqk * P, img + (g.heads + h) * dqk * P, img + (2 * g.heads * dqk + h * dv) * P,
-                           h, y, out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i),
-                           scratch + omp_get_thread_num() * S);
+          const int y = 2 * pr;
+          kern.forward_rows(p, img + h * dqk * P, img + (g.heads + h) * dqk * P,
+                            img + (2 * g.heads * dqk + h * dv) * P, h, y, std::min(2, p.H - y),
+                            out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i), scratch + omp_get_thread_num() * S);
         }
   }
   return out;

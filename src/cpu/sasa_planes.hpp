@@ -45,12 +45,13 @@ struct Kernels {
                      float* planes, int py, bool zero_pads);
   // Row y of the map from C planes back into channels-last pixels `img`.
   void (*gather_row)(const Planes& p, const float* planes, std::int64_t C, float* img, int y);
-  // One row y of one head h of one image: Q, K and V point at the head's first q, k and v plane
-  // (dqk, dqk and dv planes, each set contiguous); writes the output of the row into `out` (the
-  // image's channels-last output, heads*dv channels per pixel) and, when `probs` is given, the
-  // probabilities into it (the image's (H, W, heads, k*k) block, zero where masked).
-  void (*forward_row)(const Planes& p, const float* Q, const float* K, const float* V, int h, int y, float* out,
-                      float* probs, float* scratch);
+  // Rows y .. y + n - 1 (n = 1 or 2, y + n <= H) of one head h of one image: Q, K and V point at
+  // the head's first q, k and v plane (dqk, dqk and dv planes, each set contiguous); writes the
+  // output of the rows into `out` (the image's channels-last output, heads*dv channels per pixel)
+  // and, when `probs` is given, the probabilities into it (the image's (H, W, heads, k*k) block,
+  // zero where masked). Two rows share their keys' and values' loads.
+  void (*forward_rows)(const Planes& p, const float* Q, const float* K, const float* V, int h, int y, int n,
+                       float* out, float* probs, float* scratch);
   // The gradients of one head h of one image. `qkv`: the image's planes; `dout`: the output
   // gradient as heads*dv planes; `probs`: the saved (H, W, heads, k*k) block. Adds d q, d k and
   // d v into `dqkv` (channels() planes, zero on entry for this head; padding collects what falls
