@@ -1,9 +1,9 @@
 // Convolution on the CPU through oneDNN: activations stay channels-last (nhwc) between layers,
 // weights are reordered once into the layout the chosen kernel wants and kept in the layer's
 // OpCache, and bias, residual add and activation run fused as oneDNN post-ops. Spatial kernels
-// (3x3 and larger) run in the activation layout oneDNN picks for them (nChw8c on AVX2,
-// nChw16c on AVX-512), with reorders in and out: its nhwc kernels for them are slower by more
-// than the reorders cost (tools/bench/README.md has the measurements). 3x3 stride-1 convolutions
+// (3x3 and larger) run in the activation layout oneDNN picks for them on AVX2 (nChw8c), with
+// reorders in and out: its AVX2 nhwc kernels for them are slower by more than the reorders cost;
+// on AVX-512 they stay nhwc (tools/bench/README.md has the measurements). 3x3 stride-1 convolutions
 // with channel counts in multiples of 8 run through relpos's own Winograd kernels instead, forward
 // and both gradients, on CPUs with AVX2 and FMA (conv2d_winograd.hpp).
 #include <omp.h>
@@ -71,9 +71,22 @@ dnnl::memory::desc weights_md(const ConvGeometry& g, tag t) {
                             t == tag::any ? tag::any : tag::goihw);
 }
 
-// Whether the convolution runs on activations in the layout oneDNN picks rather than in nhwc.
-// A residual (sum post-op onto the output) keeps nhwc, so the output is written in place.
-bool kernel_layout(const ConvGeometry& g, bool residual) { return g.kh * g.kw > 1 && g.groups == 1 && !residual; }
+// oneDNN runs AVX-512 kernels on this CPU (its nhwc kernels there are as fast as its blocked ones).
+bool onednn_avx512() {
+  static const bool on = [] {
+    const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+    return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  }();
+  return on;
+}
+
+// Whether the convolution runs on activations in the layout oneDNN picks rather than in nhwc: spatial
+// kernels where oneDNN's kernels are AVX2 (nChw8c). A residual (sum post-op onto the output) keeps
+// nhwc, so the output is written in place. With AVX-512 everything stays nhwc: there the blocked
+// layout's reorders cost more than it saves (tools/bench/README.md).
+bool kernel_layout(const ConvGeometry& g, bool residual) {
+  return g.kh * g.kw > 1 && g.groups == 1 && !residual && !onednn_avx512();
+}
 
 dnnl::memory::desc act_md(const Shape& shape, bool any) {
   return any ? dnnl::memory::desc({shape[0], shape[1], shape[2], shape[3]}, dt::f32, tag::any) : md_nhwc(shape);
