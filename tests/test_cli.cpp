@@ -140,6 +140,15 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   r = run("bench --attention 4 5 --dim 8 --heads 2 --batch 1 --iters 1 --warmup 0");
   CHECK(r.status == 0);
   CHECK(r.out.find("bot_attention 4x5 d8 heads2") != std::string::npos);
+  r = run("bench --attention 6 9 --sasa 3 --dim 8 --heads 2 --batch 2 --iters 1 --warmup 0 --backward");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("sasa_attention fwd+bwd 3x3 6x9 d8 heads2 batch 2") != std::string::npos);
+  r = run("bench --attention 6 9 --sasa 4 --dim 8 --iters 1");  // an even window
+  CHECK(r.status == 1);
+  CHECK(r.out.find("odd window") != std::string::npos);
+  r = run("bench --attention 6 9 --sasa 3 --dim 7 --iters 1");  // dqk must split in halves
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--dim must be even") != std::string::npos);
   r = run("bench --iters 1");
   CHECK(r.status == 1);
   CHECK(r.out.find("--model is required") != std::string::npos);
