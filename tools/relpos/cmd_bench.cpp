@@ -83,6 +83,23 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
   }
 }
 
+// An attention op's runs: forward (probabilities only for the backward), or with --backward
+// forward and backward.
+template <typename Forward, typename Backward>
+std::vector<double> time_attention(const BenchArgs& a, const Forward& forward, const Backward& backward) {
+  if (!a.backward)
+    return time_runs(a, [&] {
+      (void)forward(nullptr);
+      synchronize();
+    });
+  return time_runs(a, [&] {
+    Tensor probs;
+    (void)forward(&probs);
+    backward(probs);
+    synchronize();
+  });
+}
+
 // The SASA local attention op alone: qkv of a batch on an h x w map, the position tables random.
 void run_sasa_attention(const BenchArgs& a, Device dev, int h, int w) {
   SasaSpec spec;
@@ -91,21 +108,10 @@ void run_sasa_attention(const BenchArgs& a, Device dev, int h, int w) {
   RELPOS_CHECK(a.sasa % 2 == 1, "--sasa takes an odd window size, got " << a.sasa);
   const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
   const Tensor rr = random_tensor({a.sasa, a.dim / 2}, 2).to(dev), rc = random_tensor({a.sasa, a.dim / 2}, 3).to(dev);
-  std::vector<double> ms;
-  if (a.backward) {
-    const Tensor dout = random_tensor({a.batch, spec.channels_out(), h, w}, 4).channels_last().to(dev);
-    ms = time_runs(a, [&] {
-      Tensor probs;
-      const Tensor out = ops::sasa_attention(qkv, rr, rc, spec, &probs);
-      const auto g = ops::sasa_attention_backward(qkv, rr, rc, spec, probs, dout);
-      synchronize();
-    });
-  } else {
-    ms = time_runs(a, [&] {
-      const Tensor out = ops::sasa_attention(qkv, rr, rc, spec);
-      synchronize();
-    });
-  }
+  const Tensor dout = random_tensor({a.batch, spec.channels_out(), h, w}, 4).channels_last().to(dev);
+  const std::vector<double> ms = time_attention(
+      a, [&](Tensor* probs) { return ops::sasa_attention(qkv, rr, rc, spec, probs); },
+      [&](const Tensor& probs) { (void)ops::sasa_attention_backward(qkv, rr, rc, spec, probs, dout); });
   report(a, std::string("sasa_attention") + (a.backward ? " fwd+bwd " : " ") + std::to_string(a.sasa) + "x" +
                 std::to_string(a.sasa) + " " + std::to_string(h) + "x" + std::to_string(w) + " d" +
                 std::to_string(a.dim) + " heads" + std::to_string(a.heads),
@@ -122,21 +128,10 @@ void run_attention(const BenchArgs& a) {
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
   const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
   const Tensor rh = random_tensor({2 * h - 1, a.dim}, 2).to(dev), rw = random_tensor({2 * w - 1, a.dim}, 3).to(dev);
-  std::vector<double> ms;
-  if (a.backward) {
-    const Tensor dout = random_tensor({a.batch, a.heads * a.dim, h, w}, 4).channels_last().to(dev);
-    ms = time_runs(a, [&] {
-      Tensor probs;
-      const Tensor out = ops::bot_attention(qkv, rh, rw, spec, &probs);
-      const auto g = ops::bot_attention_backward(qkv, rh, rw, spec, probs, dout);
-      synchronize();
-    });
-  } else {
-    ms = time_runs(a, [&] {
-      const Tensor out = ops::bot_attention(qkv, rh, rw, spec);
-      synchronize();
-    });
-  }
+  const Tensor dout = random_tensor({a.batch, a.heads * a.dim, h, w}, 4).channels_last().to(dev);
+  const std::vector<double> ms = time_attention(
+      a, [&](Tensor* probs) { return ops::bot_attention(qkv, rh, rw, spec, probs); },
+      [&](const Tensor& probs) { (void)ops::bot_attention_backward(qkv, rh, rw, spec, probs, dout); });
   report(a, std::string("bot_attention") + (a.backward ? " fwd+bwd " : " ") + std::to_string(h) + "x" +
                 std::to_string(w) + " d" + std::to_string(a.dim) + " heads" + std::to_string(a.heads),
          a.batch, to_string(dev), ms);
