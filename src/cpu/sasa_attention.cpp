@@ -178,9 +178,9 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
         const float* img = qkv.data() + i * per_image;
         float *q = planes, *k = planes + dqk * P, *v = planes + 2 * dqk * P;
         for (int py = 0; py < p.Hp; ++py) {
-          kern.spread_row(p, img, g.Ct, h * dqk, dqk, q, py, !clean);
-          kern.spread_row(p, img, g.Ct, (g.heads + h) * dqk, dqk, k, py, !clean);
-          kern.spread_row(p, img, g.Ct, 2 * g.heads * dqk + h * dv, dv, v, py, !clean);
+          kern.spread_row(p, img, g.Ct, p.q_channel(h), dqk, q, py, !clean);
+          kern.spread_row(p, img, g.Ct, p.k_channel(h), dqk, k, py, !clean);
+          kern.spread_row(p, img, g.Ct, p.v_channel(h), dv, v, py, !clean);
         }
         clean = true;
         for (int y = 0; y < p.H; y += 2)
@@ -205,9 +205,9 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
         for (int pr = 0; pr < pairs; ++pr) {
           const float* img = planes + i * g.Ct * P;
           const int y = 2 * pr;
-          kern.forward_rows(p, img + h * dqk * P, img + (g.heads + h) * dqk * P,
-                            img + (2 * g.heads * dqk + h * dv) * P, h, y, std::min(2, p.H - y),
-                            out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i), scratch + omp_get_thread_num() * S);
+          kern.forward_rows(p, img + p.q_channel(h) * P, img + p.k_channel(h) * P, img + p.v_channel(h) * P, h, y,
+                            std::min(2, p.H - y), out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i),
+                            scratch + omp_get_thread_num() * S);
         }
   }
   return out;

@@ -30,6 +30,13 @@ struct Planes {
   const float* r_col = nullptr;    // (k, half): acts on q[half:]
   std::int64_t plane() const { return static_cast<std::int64_t>(Hp) * Wp; }
   int channels() const { return 2 * heads * dqk + heads * dv; }  // q, k, v planes of one image
+  // The first q, k and v channel of head h among them (the qkv projection's layout: all heads' q,
+  // then their k, then their v).
+  std::int64_t q_channel(int h) const { return static_cast<std::int64_t>(h) * dqk; }
+  std::int64_t k_channel(int h) const { return static_cast<std::int64_t>(heads + h) * dqk; }
+  std::int64_t v_channel(int h) const {
+    return 2 * static_cast<std::int64_t>(heads) * dqk + static_cast<std::int64_t>(h) * dv;
+  }
   // Padded plane index of pixel (y, x) of the map.
   std::int64_t at(int y, int x) const { return static_cast<std::int64_t>(y + r) * Wp + x + r; }
 };
