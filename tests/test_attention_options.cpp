@@ -211,15 +211,16 @@ TEST_CASE("BoTNet attention options match the reference, forward and gradients")
     check_bot(sp, 2, 3, 2, 8);
   }
   SUBCASE("one head, a 1x1 map") { check_bot(BotAttnSpec{1, 2, 2}, 1, 1, 1, 9); }
-  SUBCASE("more query rows than one block (N > 64)") {
+  SUBCASE("more query rows than one block") {
+    // 900 queries: blocks of 72 rows (logits of a block within 256 KiB), the last one of 36
     BotAttnSpec sp{2, 2, 2};
     sp.clip = 3;
     std::mt19937 rng(10);
-    const Shape qs{1, sp.channels_qkv(), 9, 10};
+    const Shape qs{1, sp.channels_qkv(), 30, 30};
     const Vec qkv = random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0);
     const Vec ph = random_vec(14, rng, 0.5), pw = random_vec(14, rng, 0.5);
-    check_vec(ops::bot_attention(to_t(qs, qkv), to_t({7, 2}, ph), to_t({7, 2}, pw), sp), ref_bot(qkv, ph, pw, sp, 1, 9, 10),
-              1e-5, "forward, 90 queries");
+    check_vec(ops::bot_attention(to_t(qs, qkv), to_t({7, 2}, ph), to_t({7, 2}, pw), sp), ref_bot(qkv, ph, pw, sp, 1, 30, 30),
+              1e-5, "forward, 900 queries");
   }
 }
 
@@ -383,4 +384,49 @@ TEST_CASE("SASA local attention: both ways of splitting the forward over threads
   CHECK(one == two);
   CHECK(one == one_infer);  // with and without the probabilities
   CHECK(p1.to_vector() == p2.to_vector());
+}
+
+TEST_CASE("SASA local attention: the output activation is ReLU of the plain output, on both thread splits") {
+  // act = ReLU is applied as the output is written: the same bits as the plain output through ReLU,
+  // whichever way the forward splits the work (one (image, head) pair per thread, or row pairs of
+  // one image over the threads), at 8 and 16 lanes' widths, NaN kept.
+  SasaSpec sp;
+  sp.heads = 2, sp.dqk = 8, sp.dv = 8, sp.kernel = 5;
+  std::mt19937 rng(13);
+  const Tensor rr = to_t({5, 4}, random_vec(20, rng, 0.5)), rc = to_t({5, 4}, random_vec(20, rng, 0.5));
+  const int before = relpos::num_threads();
+  for (const int B : {1, 3})
+    for (const int W : {7, 21})
+      for (const int threads : {1, 2}) {
+        CAPTURE(B);
+        CAPTURE(W);
+        CAPTURE(threads);
+        const Shape qs{B, sp.channels_qkv(), 9, W};
+        Vec v = random_vec(static_cast<std::size_t>(numel_of(qs)), rng, 1.0);
+        v[static_cast<std::size_t>(2 * sp.heads * sp.dqk)] = std::nan("");  // pixel 0's first value channel
+        const Tensor x = to_t(qs, v).channels_last();
+        relpos::set_num_threads(threads);
+        const auto plain = ops::sasa_attention(x, rr, rc, sp).contiguous().to_vector();
+        const auto fused = ops::sasa_attention(x, rr, rc, sp, nullptr, Act::ReLU).contiguous().to_vector();
+        REQUIRE(plain.size() == fused.size());
+        std::size_t nan = 0, zeroed = 0, mismatched = 0;
+        for (std::size_t i = 0; i < plain.size(); ++i) {
+          if (std::isnan(plain[i])) {
+            nan += std::isnan(fused[i]) ? 1 : 0;
+            mismatched += std::isnan(fused[i]) ? 0 : 1;
+            continue;
+          }
+          const float want = plain[i] < 0.0f ? 0.0f : plain[i];
+          zeroed += plain[i] < 0.0f ? 1 : 0;
+          mismatched += fused[i] == want ? 0 : 1;
+        }
+        CHECK(mismatched == 0);
+        CHECK(nan > 0);                    // the NaN reached some outputs and stayed NaN
+        CHECK(zeroed > plain.size() / 4);  // and ReLU had something to do
+      }
+  relpos::set_num_threads(before);
+  std::mt19937 r2(1);
+  const Tensor x = to_t({1, sp.channels_qkv(), 5, 5}, random_vec(static_cast<std::size_t>(sp.channels_qkv() * 25), r2, 1.0));
+  CHECK_THROWS_WITH_AS(ops::sasa_attention(x, rr, rc, sp, nullptr, Act::SiLU), doctest::Contains("none or relu"),
+                       Error);
 }

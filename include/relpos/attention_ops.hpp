@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "relpos/ops.hpp"
 #include "relpos/tensor.hpp"
 
 namespace relpos {
@@ -69,9 +70,10 @@ struct SasaSpec {
 
 namespace ops {
 
-// r_row, r_col: (kernel, dqk/2). probs (B, H, W, heads, kernel*kernel) when given.
+// r_row, r_col: (kernel, dqk/2). probs (B, H, W, heads, kernel*kernel) when given. act: applied to
+// the output as it is written (a block's batch norm folded into the values leaves only its activation).
 Tensor sasa_attention(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col,
-                      const SasaSpec& spec, Tensor* probs = nullptr);
+                      const SasaSpec& spec, Tensor* probs = nullptr, Act act = Act::None);
 struct SasaGrads {
   Tensor dqkv, dr_row, dr_col;
 };

@@ -38,8 +38,9 @@ Tensor rel_pos_logits(const Tensor& q, const Tensor& table_h, const Tensor& tabl
   RELPOS_DISPATCH(q, rel_pos_logits, q, table_h, table_w, height, width, clip);
 }
 Tensor sasa_attention(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
-                      Tensor* probs) {
-  RELPOS_DISPATCH(qkv, sasa_attention, qkv, r_row, r_col, spec, probs);
+                      Tensor* probs, Act act) {
+  RELPOS_CHECK(act == Act::None || act == Act::ReLU, "local attention: the output activation must be none or relu");
+  RELPOS_DISPATCH(qkv, sasa_attention, qkv, r_row, r_col, spec, probs, act);
 }
 SasaGrads sasa_attention_backward(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
                                   const Tensor& probs, const Tensor& dout) {

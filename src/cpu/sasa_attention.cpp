@@ -150,14 +150,15 @@ std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int thre
 }  // namespace
 
 Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
-                      Tensor* probs) {
+                      Tensor* probs, Act act) {
   const Tensor qkv = as_channels_last(qkv_in);
   const SasaGeometry g = sasa_geometry(qkv, r_row, r_col, spec);
   Tensor out({g.B, g.Co, g.H, g.W}, Device::CPU, Layout::ChannelsLast);
   const std::int64_t kk = static_cast<std::int64_t>(g.k) * g.k;
   if (probs) *probs = Tensor({g.B, g.H, g.W, g.heads, kk});
   const sasa::Kernels& kern = sasa::kernels(static_cast<int>(g.W));
-  const sasa::Planes p = planes_of(g, r_row, r_col, kern);
+  sasa::Planes p = planes_of(g, r_row, r_col, kern);
+  p.relu = act == Act::ReLU;
   const int threads = omp_get_max_threads();
   const std::int64_t P = p.plane(), S = sasa::scratch_floats(p);
   const std::int64_t per_image = g.N * g.Ct, dqk = g.dqk, dv = g.dv;

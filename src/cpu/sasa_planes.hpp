@@ -26,6 +26,7 @@ struct Planes {
   int Hp = 0, Wp = 0;  // padded plane: Hp = H + 2r, Wp = Wv + 2r
   int heads = 0, dqk = 0, dv = 0, half = 0;
   float s = 1.0f;                  // logit scale
+  bool relu = false;               // the output goes through ReLU as it is written
   const float* r_row = nullptr;    // (k, half): acts on q[:half]
   const float* r_col = nullptr;    // (k, half): acts on q[half:]
   std::int64_t plane() const { return static_cast<std::int64_t>(Hp) * Wp; }

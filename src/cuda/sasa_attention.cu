@@ -144,7 +144,8 @@ unsigned grid(const Args& a) { return blocks_for(static_cast<std::int64_t>(a.B) 
 
 }  // namespace
 
-Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec, Tensor* probs) {
+Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec, Tensor* probs,
+                      Act act) {
   require_cuda(qkv_in, "local attention");
   const Tensor qkv = qkv_in.channels_last();
   const SasaGeometry g = sasa_geometry(qkv, r_row, r_col, spec);
@@ -155,7 +156,7 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   if (g.B * g.N == 0) return out;
   sasa_forward_kernel<<<grid(a), 128, 0, stream()>>>(qkv.data(), r_row.data(), r_col.data(), p.data(), out.data(), a);
   RELPOS_CUDA_LAUNCHED();
-  return out;
+  return act == Act::None ? out : activation(out, act);  // (a pass of its own on the GPU)
 }
 
 ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r_col,

@@ -37,6 +37,8 @@ Shape QkvAttention::pooled(Shape s) const {
 
 void QkvAttention::prepare_inference() {
   cache_.clear();
+  fold_cache_.clear();
+  fold_w_ = fold_b_ = Tensor();
   if (int8_) int8_->prepare_inference();
 }
 
@@ -60,6 +62,31 @@ Tensor QkvAttention::project(const Tensor& x) const {
 Tensor QkvAttention::infer(const Tensor& x) const {
   const Tensor att = attend(project(x), nullptr);
   return stride_ == 2 ? ops::pool2d(att, kPool2x2) : att;
+}
+
+void QkvAttention::fold_norm(const std::vector<float>& scale, const std::vector<float>& shift) {
+  const std::int64_t rows = qkv_w_.dim(0), first_v = rows - static_cast<std::int64_t>(scale.size());
+  RELPOS_CHECK(scale.size() == shift.size() && first_v >= 0, "internal: " << qkv_name_ << ": the folded norm has "
+                                                                         << scale.size() << " channels");
+  std::vector<float> w = qkv_w_.to(Device::CPU).contiguous().to_vector(), b(static_cast<std::size_t>(rows), 0.0f);
+  const std::size_t in = static_cast<std::size_t>(dim_);
+  for (std::size_t c = 0; c < scale.size(); ++c) {  // output channel c is value channel c
+    const std::size_t row = static_cast<std::size_t>(first_v) + c;
+    for (std::size_t i = 0; i < in; ++i) w[row * in + i] *= scale[c];
+    b[row] = shift[c];
+  }
+  fold_w_ = Tensor::from_vector(qkv_w_.shape(), w).to(qkv_w_.device());
+  fold_b_ = Tensor::from_vector({rows}, b).to(qkv_w_.device());
+  fold_cache_.clear();
+}
+
+Tensor QkvAttention::infer_folded(const Tensor& x, Act act) const {
+  RELPOS_CHECK(folded(), "internal: " << qkv_name_ << " has no folded norm");
+  detail::observe_input(qkv_name_, x);  // (int8 calibration sees the projection's input as in infer())
+  const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
+  if (stride_ == 1) return attend_act(qkv, act);
+  const Tensor pooled = ops::pool2d(attend(qkv, nullptr), kPool2x2);
+  return act == Act::None ? pooled : ops::activation(pooled, act);  // the activation after the pool
 }
 
 Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {
@@ -193,6 +220,10 @@ void SasaAttention::init_positions(Init& init) {
 
 Tensor SasaAttention::attend(const Tensor& qkv, Tensor* probs) const {
   return ops::sasa_attention(qkv, r_row_, r_col_, spec_, probs);
+}
+
+Tensor SasaAttention::attend_act(const Tensor& qkv, Act act) const {
+  return ops::sasa_attention(qkv, r_row_, r_col_, spec_, nullptr, act);
 }
 
 void SasaAttention::describe(AttentionMaps& m, const Tensor& probs) const {

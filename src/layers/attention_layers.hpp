@@ -33,11 +33,23 @@ class QkvAttention : public Module, public Quantizable {
   const Int8Conv* int8() const override { return int8_.get(); }
   // infer() from the input already quantized for the int8 qkv projection.
   Tensor infer(const ops::QuantizedTensor& x) const;
+  // Inference with the batch norm that follows the layer (y = act(scale * att + shift), per output
+  // channel) folded into the value projection: each output is a convex combination of values (the
+  // probabilities sum to 1 over the keys taken), so scaling the values and adding the shift as
+  // their bias gives scale * att + shift. Where the op can apply `act` as it writes (fuses_act()),
+  // the block's batch-norm pass goes away. fold_norm() makes the folded projection (again after
+  // the weights change: prepare_inference() drops it); infer_folded() runs it.
+  virtual bool fuses_act() const { return false; }
+  void fold_norm(const std::vector<float>& scale, const std::vector<float>& shift);
+  bool folded() const { return fold_w_.defined() && !int8_; }
+  Tensor infer_folded(const Tensor& x, Act act) const;
 
  protected:
   QkvAttention(int dim, int qkv_channels, int stride);
   // The attention op on a qkv tensor (probs receives what attend_backward needs).
   virtual Tensor attend(const Tensor& qkv, Tensor* probs) const = 0;
+  // attend() for inference with `act` on the output (a separate pass unless the op applies it).
+  virtual Tensor attend_act(const Tensor& qkv, Act act) const { return ops::activation(attend(qkv, nullptr), act); }
   // d qkv from d attention output, given the saved qkv and probs; sets the position gradients.
   virtual Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) = 0;
   virtual void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) = 0;
@@ -54,6 +66,8 @@ class QkvAttention : public Module, public Quantizable {
  private:
   Tensor qkv_w_, dqkv_w_;
   mutable OpCache cache_;
+  Tensor fold_w_, fold_b_;  // fold_norm()'s projection and its bias (zero for q and k)
+  mutable OpCache fold_cache_;
   std::string qkv_name_;  // "<prefix>qkv", set by collect()
   std::unique_ptr<Int8Conv> int8_;
   Tensor project(const Tensor& x) const;  // the qkv projection, float32 or int8
@@ -82,9 +96,11 @@ class SasaAttention : public QkvAttention {
  public:
   SasaAttention(int dim, const SasaSpec& spec, int stride);
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  bool fuses_act() const override { return true; }
 
  protected:
   Tensor attend(const Tensor& qkv, Tensor* probs) const override;
+  Tensor attend_act(const Tensor& qkv, Act act) const override;
   Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
   void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
   void init_positions(Init& init) override;

@@ -40,6 +40,8 @@ class ResidualBlock : public Module {
   // With conv1 in int8: the body from the block input quantized for conv1, up to conv3's input
   // (u8 in conv3's input scale where the layers allow it, else float32).
   virtual BlockFlow infer_body_int8(const ops::QuantizedTensor& qx) const = 0;
+  // The body in float32 inference, from conv1's output to conv3's input: body()'s layers in turn.
+  virtual Tensor infer_body(const Tensor& h) const;
   Act act_;
   std::unique_ptr<ConvNormAct> shortcut_;  // null: identity
   std::unique_ptr<ConvNormAct> conv1_, conv3_;
@@ -71,14 +73,18 @@ class SelfAttnBlock : public ResidualBlock {
   SelfAttnBlock(int in, int mid, int out, int stride, std::unique_ptr<QkvAttention> attn, Act act);
   ~SelfAttnBlock() override;
   void init(Init& init, bool zero_init_last) override;
+  // With an attention op that applies the activation itself (SASA), post_attn's batch norm is
+  // folded into the value projection (QkvAttention::fold_norm).
+  void prepare_inference() override;
 
  protected:
   std::vector<std::pair<std::string, Module*>> body() const override;
   BlockFlow infer_body_int8(const ops::QuantizedTensor& qx) const override;
+  Tensor infer_body(const Tensor& h) const override;
 
  private:
   std::unique_ptr<QkvAttention> attn_;
-  std::unique_ptr<Module> post_attn_;
+  std::unique_ptr<BatchNormAct> post_attn_;
 };
 
 // timm's make_divisible(v, 8): round to a multiple of 8, never more than 10% down.

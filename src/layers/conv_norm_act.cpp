@@ -153,6 +153,18 @@ Tensor BatchNormAct::infer(const Tensor& x) const {
   return ops::batchnorm_infer(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, act_);
 }
 
+void BatchNormAct::affine(std::vector<float>& scale, std::vector<float>& shift) const {
+  const auto g = gamma_.to(Device::CPU).to_vector(), b = beta_.to(Device::CPU).to_vector();
+  const auto m = mean_.to(Device::CPU).to_vector(), v = var_.to(Device::CPU).to_vector();
+  scale.resize(g.size());
+  shift.resize(g.size());
+  for (std::size_t c = 0; c < g.size(); ++c) {
+    const double s = static_cast<double>(g[c]) / std::sqrt(static_cast<double>(v[c]) + ConvNormAct::kEps);
+    scale[c] = static_cast<float>(s);
+    shift[c] = static_cast<float>(static_cast<double>(b[c]) - static_cast<double>(m[c]) * s);
+  }
+}
+
 Tensor BatchNormAct::forward(const Tensor& x) {
   x_ = x;
   return ops::batchnorm_train(x, gamma_, beta_, mean_, var_, ConvNormAct::kEps, ConvNormAct::kMomentum, act_, stats_);

@@ -82,6 +82,10 @@ class BatchNormAct : public Module {
   Tensor backward(const Tensor& dy) override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
+  // Inference's y = act(scale * x + shift): scale = gamma / sqrt(var + eps), shift = beta - mean * scale
+  // (computed in double, from the running statistics).
+  void affine(std::vector<float>& scale, std::vector<float>& shift) const;
+  Act act() const { return act_; }
 
  private:
   int channels_;

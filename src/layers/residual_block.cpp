@@ -44,9 +44,19 @@ Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix
   if (!maps && conv1_->int8()) return infer_flow({x, {}}, nullptr).f;
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
-  for (auto& [name, m] : body()) h = maps ? m->infer_attention(h, *prefix + name + ".", *maps) : m->infer(h);
+  if (maps) {
+    for (auto& [name, m] : body()) h = m->infer_attention(h, *prefix + name + ".", *maps);
+  } else {
+    h = infer_body(h);
+  }
   // a projection shortcut's output is ours: conv3 adds onto it in place
   return conv3_->infer(h, &sc, act_, shortcut_ != nullptr);
+}
+
+Tensor ResidualBlock::infer_body(const Tensor& h) const {
+  Tensor out = h;
+  for (auto& [name, m] : body()) out = m->infer(out);
+  return out;
 }
 
 const Int8Conv* ResidualBlock::u8_input() const {
