@@ -13,6 +13,8 @@
 #include <cmath>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/attention_geometry.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
@@ -22,7 +24,14 @@ namespace relpos::cpu {
 
 namespace {
 
-constexpr std::int64_t kRowBlock = 64;
+// Query rows per task: as many as keep a block's logits within 256 KiB (a whole 16x16 map's 256 rows:
+// fewer, larger matrix products), at least 64, and fewer when that leaves a thread without two tasks.
+std::int64_t row_block(std::int64_t images_heads, std::int64_t n) {
+  std::int64_t blk = std::min(n, std::max<std::int64_t>(64, (64 << 10) / std::max<std::int64_t>(n, 1)));
+  const std::int64_t want = 2 * static_cast<std::int64_t>(omp_get_max_threads());
+  while (blk > 64 && images_heads * ((n + blk - 1) / blk) < want) blk = std::max<std::int64_t>(64, (blk + 1) / 2);
+  return std::max<std::int64_t>(1, blk);
+}
 
 inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
@@ -84,7 +93,7 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
   Tensor out({g.B, g.Co, g.H, g.W}, Device::CPU, Layout::ChannelsLast);
   if (probs) *probs = Tensor({g.B, spec.heads, g.N, g.N});
 
-  const std::int64_t blk = std::min(kRowBlock, g.N);
+  const std::int64_t blk = row_block(g.B * spec.heads, g.N);
   const std::int64_t nblk = (g.N + blk - 1) / blk;
   const std::int64_t last_rows = g.N - (nblk - 1) * blk;
   const RowSoftmax sm_full(blk, g.N);
