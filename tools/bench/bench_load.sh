@@ -2,17 +2,20 @@
 # relpos on a CPU shared with another busy process (issue: graceful under load). For each model,
 # with one competing busy-loop process running, times `relpos bench` with the default threads
 # (adaptive), with 1 thread, and with all cores forced (what the default was before), in
-# alternating rounds, and prints img/s and the ratio default / 1 thread (>= 1 is the goal).
-#   tools/bench/bench_load.sh [--rounds 3] [--iters 10] [--busy 1]
+# alternating rounds, and prints img/s and the ratio default / 1 thread (>= 1 is the goal). Each
+# measurement runs at least --iters runs and --seconds seconds (short runs of a small model mostly
+# time the start, not the setting).
+#   tools/bench/bench_load.sh [--rounds 3] [--iters 10] [--seconds 2] [--busy 1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=3 iters=10 busy=1
+rounds=3 iters=10 seconds=2 busy=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--iters N] [--busy N]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rounds N] [--iters N] [--seconds S] [--busy N]" >&2; exit 2 ;;
   esac
 done
 relpos=${RELPOS:-build/relpos}
@@ -35,7 +38,7 @@ for model in botnet-fmnist botnet26t_256 sasa_resnet26; do
         1) args=(--threads 1); env_args=(env -u OMP_NUM_THREADS) ;;
         all) args=(--threads "$cores"); env_args=(env -u OMP_NUM_THREADS) ;;
       esac
-      out=$("${env_args[@]}" "$relpos" bench -m "$m" --iters "$iters" --warmup 2 --json "${args[@]}" 2>/dev/null | tail -1)
+      out=$("${env_args[@]}" "$relpos" bench -m "$m" --iters "$iters" --min-seconds "$seconds" --warmup 2 --json "${args[@]}" 2>/dev/null | tail -1)
       ips=$(python3 -c 'import json,sys; print("%.2f" % json.loads(sys.argv[1])["img_per_s"])' "$out")
       thr=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["threads"])' "$out")
       printf '%-16s %-12s %10s %10s %10s\n' "$model" "$setting" "$r" "$ips" "$thr"
