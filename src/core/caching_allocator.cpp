@@ -81,7 +81,10 @@ namespace {
 
 // Host memory for tensors. Blocks of 2 MiB and more are aligned to 2 MiB and asked to be backed by
 // transparent huge pages (where the kernel has them in "madvise" mode, as Debian's default):
-// activations are streamed through once per op, and 4 KiB pages cost a TLB miss every 64 cache lines.
+// activations are streamed through once per op, and 4 KiB pages cost a TLB miss every 64 cache lines
+// (a training step about 5% faster, tools/bench/README.md). The price is paid once, when a block is
+// first touched: the kernel zeroes (and may compact memory for) whole 2 MiB pages, which makes the
+// first training step about twice as long; the cache then hands the blocks out again.
 void* host_alloc(std::size_t n) {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
   if (n < kHuge) return std::aligned_alloc(64, n);
