@@ -4,6 +4,7 @@
 // cases (tests/op_cases.cpp, driven by tests/test_op_cases.cpp).
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "layers/attention_layers.hpp"
@@ -122,4 +123,40 @@ TEST_CASE("modules: every parameter and the input, in training mode") {
     head.init(init);
     check_module(head, {3, 6, 2, 2}, 29);
   }
+}
+
+TEST_CASE("activation_backward_sum: the bits of an add then the activation's backward") {
+  // A residual block's input gradient comes as two terms (body, shortcut) that the block before adds
+  // inside its activation's backward: for ReLU one pass of its own on the CPU. It must give what
+  // add + activation_backward gave: the same bits, including at y == 0, and NaN or infinite
+  // gradients where the mask is off (oneDNN multiplies them by 0, giving NaN).
+  std::mt19937 rng(5);
+  const Shape s{2, 16, 5, 7};
+  Tensor y = test::random_tensor(s, rng).channels_last();
+  Tensor a = test::random_tensor(s, rng).channels_last(), b = test::random_tensor(s, rng).channels_last();
+  float* yp = y.data();
+  for (std::int64_t i = 0; i < y.numel(); i += 7) yp[i] = 0.0f;  // on the mask's edge
+  for (std::int64_t i = 0; i < y.numel(); ++i)
+    if (yp[i] < 0.0f) yp[i] = 0.0f;  // a ReLU output
+  yp[3] = 1.0f;
+  a.data()[3] = std::nanf("");                             // NaN where the mask is on
+  a.data()[7] = std::numeric_limits<float>::infinity();    // infinity where it is off (y = 0)
+  b.data()[14] = std::nanf("");                            // NaN where it is off
+  for (const Act act : {Act::ReLU, Act::SiLU, Act::None}) {
+    CAPTURE(to_string(act));
+    const auto want = ops::activation_backward(y, ops::add(a, b), act).contiguous().to_vector();
+    const auto got = ops::activation_backward_sum(y, a, b, act).contiguous().to_vector();
+    REQUIRE(want.size() == got.size());
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      same += (want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i]))) ? 1 : 0;
+    CHECK(same == want.size());
+  }
+  // one term alone is the plain backward
+  CHECK(ops::activation_backward_sum(y, a, Tensor(), Act::ReLU).contiguous().to_vector().size() == a.to_vector().size());
+  const auto one = ops::activation_backward_sum(y, b, Tensor(), Act::ReLU).contiguous().to_vector();
+  const auto plain = ops::activation_backward(y, b, Act::ReLU).contiguous().to_vector();
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < one.size(); ++i) same += (one[i] == plain[i] || (std::isnan(one[i]) && std::isnan(plain[i]))) ? 1 : 0;
+  CHECK(same == one.size());
 }

@@ -102,6 +102,16 @@ Tensor activation_backward(const Tensor& x, const Tensor& dy, Act act) {
   same_device("activation backward", x, {&dy});
   RELPOS_DISPATCH(x, activation_backward, x, dy, act);
 }
+Tensor activation_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Act act) {
+  if (!dy_b.defined()) return activation_backward(y, dy_a, act);
+  same_device("activation backward", y, {&dy_a, &dy_b});
+  if (y.is_cpu() && act == Act::ReLU) {
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("relu_backward_sum", false);
+    return cpu::relu_backward_sum(y, dy_a, dy_b);
+  }
+  return activation_backward(y, add(dy_a, dy_b, Act::None), act);
+}
 Tensor add(const Tensor& a, const Tensor& b, Act act) {
   same_device("add", a, {&b});
   RELPOS_DISPATCH(a, add, a, b, act);

@@ -23,6 +23,12 @@ struct BatchStats {  // what the backward needs; each backend fills what it uses
 };
 
 
+// act'(y) (.) (dy_a + dy_b): an activation's backward whose output gradient comes as two terms not
+// yet added (a residual block's output feeds both the next block's body and its shortcut); y is
+// what activation_backward takes (for ReLU the output). dy_b may be undefined. For ReLU on the CPU
+// one pass over the four tensors instead of an add and a backward pass (two more).
+Tensor activation_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Act act);
+
 // ops::conv2d with the calling layer's plan cache.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec, const Epilogue& epilogue,
               OpCache* cache);

@@ -15,5 +15,7 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
                                              const ops::ConvSpec& spec, Act act, float out_scale,
                                              const ops::Residual& residual, OpCache* cache);
 Tensor dequantize_activation(const ops::QuantizedTensor& q);
+// ops::activation_backward_sum for ReLU: (y > 0) (.) (dy_a + dy_b), in y's layout (elementwise.cpp).
+Tensor relu_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b);
 ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec);
 }  // namespace relpos::cpu

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
 #include "layers/conv_norm_act.hpp"
 
@@ -20,6 +21,11 @@ class ResidualBlock : public Module {
   Tensor infer_attention(const Tensor& x, const std::string& prefix, std::vector<AttentionMaps>& maps) const override;
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
+  // backward() with the output gradient given as two terms, dy + dy2 (dy2 may be undefined), and the
+  // input gradient returned as two terms likewise (the body's and the shortcut's), not yet added:
+  // a chain of blocks adds each pair inside the next activation's backward, in one pass
+  // (ops::activation_backward_sum).
+  std::pair<Tensor, Tensor> backward_terms(const Tensor& dy, const Tensor& dy2);
   void prepare_inference() override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;

@@ -108,14 +108,20 @@ Tensor ResidualBlock::forward(const Tensor& x) {
 }
 
 Tensor ResidualBlock::backward(const Tensor& dy) {
+  auto [dh, dsc] = backward_terms(dy, Tensor());
+  ops::add_inplace(dh, dsc);
+  return dh;
+}
+
+std::pair<Tensor, Tensor> ResidualBlock::backward_terms(const Tensor& dy, const Tensor& dy2) {
   RELPOS_CHECK(sum_.defined(), "internal: backward() without forward()");
-  const Tensor ds = ops::activation_backward(sum_, dy, act_);  // for ReLU sum_ is the output: same mask
+  // for ReLU sum_ is the output: the same mask
+  const Tensor ds = ops::activation_backward_sum(sum_, dy, dy2, act_);
   Tensor dh = conv3_->backward(ds);
   const auto layers = body();
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = it->second->backward(dh);
   dh = conv1_->backward(dh);
-  ops::add_inplace(dh, shortcut_ ? shortcut_->backward(ds) : ds);
-  return dh;
+  return {dh, shortcut_ ? shortcut_->backward(ds) : ds};
 }
 
 void ResidualBlock::prepare_inference() {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "core/op_profile.hpp"
 #include "layers/attention_layers.hpp"
@@ -248,16 +249,20 @@ void Network::backward(const Tensor& dlogits, const std::function<void(std::size
     d = m.head->backward(dlogits);
   }
   if (ready) ready(m.head_first);
+  // Each block hands back its input gradient as two terms (body and shortcut); the block before
+  // adds them inside its activation's backward, the stem in its own pass.
+  Tensor d2;
   for (std::size_t i = m.stages.size(); i-- > 0;)
     for (std::size_t j = m.stages[i].size(); j-- > 0;) {
       {
         detail::ScopedLayer layer(m.block_names[i][j]);
-        d = m.stages[i][j]->backward(d);
+        std::tie(d, d2) = m.stages[i][j]->backward_terms(d, d2);
       }
       if (ready) ready(m.block_first[i][j]);
     }
   {
     detail::ScopedLayer layer(m.stem_name);
+    if (d2.defined()) ops::add_inplace(d, d2);
     m.stem->backward(d);
   }
   if (ready) ready(0);
