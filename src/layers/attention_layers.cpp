@@ -85,8 +85,7 @@ Tensor QkvAttention::infer_folded(const Tensor& x, Act act) const {
   detail::observe_input(qkv_name_, x);  // (int8 calibration sees the projection's input as in infer())
   const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
   if (stride_ == 1) return attend_act(qkv, act);
-  const Tensor pooled = ops::pool2d(attend(qkv, nullptr), kPool2x2);
-  return act == Act::None ? pooled : ops::activation(pooled, act);  // the activation after the pool
+  return ops::activation(ops::pool2d(attend(qkv, nullptr), kPool2x2), act);  // the activation after the pool
 }
 
 Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {

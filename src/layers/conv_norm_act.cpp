@@ -48,18 +48,28 @@ void ConvNormAct::set_int8(const Int8Input* input) {
   if (input) int8_ = std::make_unique<Int8Conv>(folded_w_, &folded_b_, *input);
 }
 
+void batchnorm_affine(const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& var,
+                      std::vector<float>& scale, std::vector<float>& shift) {
+  const auto g = gamma.to(Device::CPU).to_vector(), b = beta.to(Device::CPU).to_vector();
+  const auto m = mean.to(Device::CPU).to_vector(), v = var.to(Device::CPU).to_vector();
+  scale.resize(g.size());
+  shift.resize(g.size());
+  for (std::size_t c = 0; c < g.size(); ++c) {
+    scale[c] = g[c] / std::sqrt(v[c] + ConvNormAct::kEps);
+    shift[c] = b[c] - m[c] * scale[c];
+  }
+}
+
 void ConvNormAct::prepare_inference() {
   if (int8_) return int8_->prepare_inference();
   // w' = w * g / sqrt(v + eps), b' = beta - mean * g / sqrt(v + eps)
-  const auto w = weight_.to_vector(), g = gamma_.to_vector(), b = beta_.to_vector(), m = mean_.to_vector(),
-             v = var_.to_vector();
-  std::vector<float> fw(w.size()), fb(static_cast<std::size_t>(out_));
+  const auto w = weight_.to_vector();
+  std::vector<float> scale, fb;
+  batchnorm_affine(gamma_, beta_, mean_, var_, scale, fb);
+  std::vector<float> fw(w.size());
   const std::size_t per = w.size() / static_cast<std::size_t>(out_);
-  for (std::size_t o = 0; o < fb.size(); ++o) {
-    const float scale = g[o] / std::sqrt(v[o] + kEps);
-    for (std::size_t i = 0; i < per; ++i) fw[o * per + i] = w[o * per + i] * scale;
-    fb[o] = b[o] - m[o] * scale;
-  }
+  for (std::size_t o = 0; o < fb.size(); ++o)
+    for (std::size_t i = 0; i < per; ++i) fw[o * per + i] = w[o * per + i] * scale[o];
   folded_w_ = Tensor::from_vector(weight_.shape(), fw).to(weight_.device());
   folded_b_ = Tensor::from_vector({out_}, fb).to(weight_.device());
   cache_.clear();
@@ -154,15 +164,7 @@ Tensor BatchNormAct::infer(const Tensor& x) const {
 }
 
 void BatchNormAct::affine(std::vector<float>& scale, std::vector<float>& shift) const {
-  const auto g = gamma_.to(Device::CPU).to_vector(), b = beta_.to(Device::CPU).to_vector();
-  const auto m = mean_.to(Device::CPU).to_vector(), v = var_.to(Device::CPU).to_vector();
-  scale.resize(g.size());
-  shift.resize(g.size());
-  for (std::size_t c = 0; c < g.size(); ++c) {
-    const double s = static_cast<double>(g[c]) / std::sqrt(static_cast<double>(v[c]) + ConvNormAct::kEps);
-    scale[c] = static_cast<float>(s);
-    shift[c] = static_cast<float>(static_cast<double>(b[c]) - static_cast<double>(m[c]) * s);
-  }
+  batchnorm_affine(gamma_, beta_, mean_, var_, scale, shift);
 }
 
 Tensor BatchNormAct::forward(const Tensor& x) {

@@ -73,6 +73,11 @@ class ConvNormAct : public Module, public Quantizable {
 };
 
 // timm's BatchNormAct2d (post_attn): names <p>.{weight,bias,running_mean,running_var}.
+// Inference's batch norm as y = scale * x + shift per channel: scale = gamma / sqrt(var + eps),
+// shift = beta - mean * scale, from the running statistics (float32, as folded into convolutions).
+void batchnorm_affine(const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& var,
+                      std::vector<float>& scale, std::vector<float>& shift);
+
 class BatchNormAct : public Module {
  public:
   BatchNormAct(int channels, Act act);
@@ -82,8 +87,7 @@ class BatchNormAct : public Module {
   Tensor backward(const Tensor& dy) override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
-  // Inference's y = act(scale * x + shift): scale = gamma / sqrt(var + eps), shift = beta - mean * scale
-  // (computed in double, from the running statistics).
+  // Inference's y = act(scale * x + shift) (batchnorm_affine).
   void affine(std::vector<float>& scale, std::vector<float>& shift) const;
   Act act() const { return act_; }
 
