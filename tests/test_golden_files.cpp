@@ -13,23 +13,6 @@ namespace {
 const char* kCases[] = {"rel_logits_h5w7",  "bot_attn_s1_h6w8", "bot_attn_s2_h8w6",
                         "sasa_k7_s1_h9w11", "sasa_k3_s2_h8w6",  "tiny_botnet_96x64"};
 
-// Sets an environment variable for the scope of one test, then restores it.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 // Tensors whose first dimension is the batch, which the two sets may choose differently.
 bool batch_dependent(const std::string& name) {
   return name == "input" || name == "labels" || name == "logits_eval" || name == "logits_train";
@@ -53,7 +36,7 @@ TEST_CASE("tests/golden holds every case, made by tools/make_goldens.py with its
 
 TEST_CASE("a missing cross-check folder gives no shared file; an existing one is read") {
   {
-    ScopedEnv env("RELPOS_GOLDEN_DIR", "/nonexistent/relpos-golden");
+    test::ScopedEnv env("RELPOS_GOLDEN_DIR", "/nonexistent/relpos-golden");
     CHECK(test::shared_golden_dir() == "/nonexistent/relpos-golden");
     CHECK_FALSE(test::shared_golden("rel_logits_h5w7").has_value());
     int runs = 0;
@@ -64,7 +47,7 @@ TEST_CASE("a missing cross-check folder gives no shared file; an existing one is
     CHECK(runs == 1);
   }
   {
-    ScopedEnv env("RELPOS_GOLDEN_DIR", test::golden_dir());
+    test::ScopedEnv env("RELPOS_GOLDEN_DIR", test::golden_dir());
     const auto f = test::shared_golden("rel_logits_h5w7");
     REQUIRE(f.has_value());
     CHECK(f->has("rel_logits"));

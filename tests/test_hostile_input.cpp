@@ -10,6 +10,9 @@
 #include <vector>
 
 #include <opencv2/core.hpp>
+#ifndef RELPOS_NO_IMAGE_CODECS
+#include <opencv2/imgcodecs.hpp>
+#endif
 
 #include <unistd.h>
 
@@ -19,6 +22,8 @@
 #include "relpos/preprocess.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
+#include "io/image_file.hpp"
+#include "io/image_header.hpp"
 #include "cli_run.hpp"
 #include "test_util.hpp"
 
@@ -197,3 +202,207 @@ TEST_CASE("write_image: a PNG round trip; no extension, an empty image or a miss
   for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);
 }
+
+// ---- image files: the header is read before any decoder runs (decompression bombs, other formats)
+
+namespace {
+
+std::string image_error(const std::string& bytes, const std::string& name) {
+  try {
+    detail::decode_image_bytes(bytes, name, detail::max_image_pixels());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string be(std::uint64_t v, int n) {
+  std::string s;
+  for (int i = n - 1; i >= 0; --i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+std::string le(std::uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// Headers (and no more) of each format claiming a w x h image.
+std::string png_header(std::uint32_t w, std::uint32_t h) {
+  return std::string("\x89PNG\r\n\x1a\n", 8) + be(13, 4) + "IHDR" + be(w, 4) + be(h, 4) + std::string("\x08\x02\0\0\0", 5) + be(0, 4);
+}
+std::string jpeg_header(std::uint32_t w, std::uint32_t h) {  // SOI, an APP0 to skip, fill bytes, SOF2
+  return std::string("\xFF\xD8\xFF\xE0", 4) + be(6, 2) + "JFIF" + std::string("\xFF\xFF\xC2", 3) + be(11, 2) + "\x08" +
+         be(h, 2) + be(w, 2) + "\x01" + std::string("\x01\x11\x00", 3);
+}
+std::string bmp_header(std::int32_t w, std::int32_t h) {
+  return "BM" + le(0, 12) + le(40, 4) + le(static_cast<std::uint32_t>(w), 4) + le(static_cast<std::uint32_t>(h), 4) + le(1, 2) + le(24, 2);
+}
+std::string tiff_header(std::uint32_t w, std::uint32_t h, bool big_endian) {
+  const auto u = [&](std::uint64_t v, int n) { return big_endian ? be(v, n) : le(v, n); };
+  std::string s = big_endian ? std::string("MM\0*", 4) : std::string("II*\0", 4);
+  s += u(8, 4) + u(3, 2);                                   // first directory at 8, three entries
+  s += u(254, 2) + u(4, 2) + u(1, 4) + u(0, 4);             // NewSubfileType, skipped
+  s += u(256, 2) + u(4, 2) + u(1, 4) + u(w, 4);             // ImageWidth, LONG
+  s += u(257, 2) + u(3, 2) + u(1, 4) + u(h, 2) + u(0, 2);   // ImageLength, SHORT
+  return s + u(0, 4);
+}
+std::string bigtiff_header(std::uint64_t w, std::uint64_t h) {
+  std::string s = std::string("II+\0", 4) + le(8, 2) + le(0, 2) + le(16, 8) + le(2, 8);
+  s += le(256, 2) + le(16, 2) + le(1, 8) + le(w, 8);  // LONG8
+  s += le(257, 2) + le(4, 2) + le(1, 8) + le(h, 8);   // LONG
+  return s;
+}
+std::string webp_vp8x_header(std::uint32_t w, std::uint32_t h) {
+  return "RIFF" + le(30, 4) + "WEBPVP8X" + le(10, 4) + le(0, 4) + le(w - 1, 3) + le(h - 1, 3);
+}
+
+}  // namespace
+
+TEST_CASE("image headers: every format's size is read; a decompression bomb is refused before decoding") {
+  const std::int64_t big = 100000;  // 10^10 pixels
+  struct Case {
+    std::string bytes, format;
+    std::int64_t w, h;
+  };
+  const std::vector<Case> cases = {
+      {png_header(7, 5), "PNG", 7, 5},
+      {png_header(big, big), "PNG", big, big},
+      {jpeg_header(7, 5), "JPEG", 7, 5},
+      {jpeg_header(65535, 65535), "JPEG", 65535, 65535},
+      {bmp_header(7, -5), "BMP", 7, 5},  // top-down rows
+      {bmp_header(big, big), "BMP", big, big},
+      {tiff_header(7, 5, false), "TIFF", 7, 5},
+      {tiff_header(big, 40000, true), "TIFF", big, 40000},
+      {bigtiff_header(std::uint64_t{1} << 33, 3), "TIFF", std::int64_t{1} << 33, 3},
+      {webp_vp8x_header(7, 5), "WebP", 7, 5},
+      {webp_vp8x_header(1u << 24, 1u << 24), "WebP", std::int64_t{1} << 24, std::int64_t{1} << 24},
+      {"P6\n# a comment\n 7\t5\n255\n", "PNM", 7, 5},
+      {"P5 999999999999 2 255 ", "PNM", 999999999999, 2},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.format);
+    const detail::ImageHeader h = detail::read_image_header(c.bytes, "x");
+    CHECK(std::string(h.format) == c.format);
+    CHECK(h.width == c.w);
+    CHECK(h.height == c.h);
+    if (c.w * static_cast<double>(c.h) > 2 * 89478485.0) {
+      const std::string e = image_error(c.bytes, "bomb.img");
+      CHECK(e.find("bomb.img: " + c.format + " of " + std::to_string(c.w) + " x " + std::to_string(c.h) +
+                   " pixels, over the limit of 178956970") != std::string::npos);
+      CHECK(e.find("RELPOS_MAX_IMAGE_PIXELS") != std::string::npos);
+    }
+  }
+  // the user's path: relpos classify on a 100,000 x 100,000 PNG of 33 bytes exits 1 naming it
+  test::TempDir dir;
+  {
+    std::ofstream f(dir.file("bomb.png"), std::ios::binary);
+    f << png_header(big, big);
+  }
+  const auto r = test::run_cli("classify -m " + test::source_dir() + "/models/botnet-fmnist.json " + dir.file("bomb.png"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("bomb.png: PNG of 100000 x 100000 pixels, over the limit") != std::string::npos);
+  // a zero or negative size is damage, not an empty image
+  CHECK(image_error(bmp_header(0, 5), "z.bmp").find("z.bmp: damaged BMP (its header gives a size of 0 x 5)") != std::string::npos);
+  CHECK(image_error(bmp_header(-7, 5), "n.bmp").find("n.bmp: damaged BMP (its header gives a size of -7 x 5)") != std::string::npos);
+}
+
+TEST_CASE("image headers: cut short, damaged, or a format relpos does not read, each named") {
+  const auto has = [](const std::string& bytes, const std::string& what) {
+    const std::string e = image_error(bytes, "f.img");
+    CAPTURE(e);
+    CHECK(e.find("f.img: " + what) != std::string::npos);
+  };
+  // every cut of each header fails with a message, never a read past the end
+  for (const std::string& full : {png_header(7, 5), jpeg_header(7, 5), bmp_header(7, 5), tiff_header(7, 5, false),
+                                  tiff_header(7, 5, true), bigtiff_header(7, 5), webp_vp8x_header(7, 5)}) {
+    for (std::size_t n = 1; n + 1 < full.size(); ++n) {
+      CAPTURE(n);
+      CHECK(!image_error(full.substr(0, n), "f.img").empty());
+    }
+  }
+  has(std::string("\x89PNG\r\n\x1a\n", 8), "truncated PNG (the file ends at byte 8, inside the IHDR chunk)");
+  has(jpeg_header(7, 5).substr(0, 14), "truncated JPEG");
+  has(std::string("\xFF\xD8\xFF\xDA", 4) + be(2, 2), "damaged JPEG (no frame header before the image data)");
+  has(std::string("\xFF\xD8\xFF\xE0", 4) + be(1, 2), "damaged JPEG (a segment at byte 4 claims 1 bytes)");
+  has(std::string("II*\0", 4) + le(1000, 4), "damaged TIFF (the first directory's offset 1000 is past the end)");
+  has(std::string("II*\0", 4) + le(8, 4) + le(0, 2), "damaged TIFF (no ImageWidth and ImageLength in the first directory)");
+  has("P6 x", "damaged PNM (no width and height after the magic number)");
+  has("RIFF" + le(30, 4) + "WEBPVP8 " + le(10, 4) + std::string(10, '\0'), "damaged WebP (no VP8 start code)");
+  // formats OpenCV would decode but relpos does not read never reach their decoders
+  const std::string unsupported = "not a readable image (relpos reads PNG, JPEG, BMP, TIFF, WebP and PNM files";
+  has(std::string("\xFF\x4F\xFF\x51\0\x2f", 6) + std::string(40, '\xff'), unsupported);  // JPEG 2000 codestream
+  has(std::string("\0\0\0\x0cjP  \r\n\x87\n", 12) + std::string(40, '\0'), unsupported);  // JP2
+  has("#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y 100000 +X 100000\n", unsupported);
+  has(std::string("v/1\x01", 4) + std::string(40, '\0'), unsupported);         // OpenEXR
+  has(std::string("\x59\xa6\x6a\x95", 4) + std::string(40, '\0'), unsupported);  // Sun raster
+  has("PF\n100000 100000\n-1.0\n", unsupported);                                // PFM
+  has("P7\nWIDTH 100000\nHEIGHT 100000\nDEPTH 3\nMAXVAL 255\nENDHDR\n", unsupported);  // PAM
+  has("GIF89a", unsupported);
+  has("hello, not an image\n", unsupported);
+}
+
+TEST_CASE("RELPOS_MAX_IMAGE_PIXELS moves the limit; a bad value is an error naming it") {
+  {
+    test::ScopedEnv env("RELPOS_MAX_IMAGE_PIXELS", "34");
+    CHECK(detail::max_image_pixels() == 34);
+    CHECK(image_error(png_header(7, 5), "a.png").find("a.png: PNG of 7 x 5 pixels, over the limit of 34") != std::string::npos);
+  }
+  {
+    test::ScopedEnv env("RELPOS_MAX_IMAGE_PIXELS", "35");
+    // within the limit: the header passes and the PNG checks come next (this IHDR's CRC is 0)
+    CHECK(image_error(png_header(7, 5), "a.png").find("a.png: damaged PNG (CRC mismatch in the IHDR chunk") != std::string::npos);
+  }
+  for (const char* bad : {"lots", "-1", "0", "12x"}) {
+    test::ScopedEnv env("RELPOS_MAX_IMAGE_PIXELS", bad);
+    CHECK(image_error(png_header(7, 5), "a.png").find(std::string("RELPOS_MAX_IMAGE_PIXELS='") + bad + "' is not a positive integer") !=
+          std::string::npos);
+  }
+}
+
+#ifndef RELPOS_NO_IMAGE_CODECS
+TEST_CASE("image headers agree with OpenCV's decoders on files OpenCV writes, in every format relpos reads") {
+  test::TempDir dir;
+  cv::Mat color(5, 7, CV_8UC3), gray(5, 7, CV_8UC1), rgba(5, 7, CV_8UC4);
+  cv::randu(color, 0, 255), cv::randu(gray, 0, 255), cv::randu(rgba, 0, 255);
+  struct Case {
+    const char* ext;
+    cv::Mat img;
+    std::vector<int> params;
+    const char* format;
+  };
+  const std::vector<Case> cases = {
+      {".png", color, {}, "PNG"},   {".jpg", color, {}, "JPEG"}, {".jpg", gray, {cv::IMWRITE_JPEG_PROGRESSIVE, 1}, "JPEG"},
+      {".bmp", color, {}, "BMP"},   {".tiff", color, {}, "TIFF"}, {".webp", color, {cv::IMWRITE_WEBP_QUALITY, 80}, "WebP"},
+      {".webp", color, {cv::IMWRITE_WEBP_QUALITY, 101}, "WebP"},   {".webp", rgba, {cv::IMWRITE_WEBP_QUALITY, 80}, "WebP"},
+      {".ppm", color, {}, "PNM"},   {".pgm", gray, {}, "PNM"},   {".pgm", gray, {cv::IMWRITE_PXM_BINARY, 0}, "PNM"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.ext);
+    CAPTURE(c.format);
+    const int channels = c.img.channels();
+    CAPTURE(channels);
+    std::vector<unsigned char> buf;
+    REQUIRE(cv::imencode(c.ext, c.img, buf, c.params));
+    const std::string bytes(buf.begin(), buf.end());
+    const detail::ImageHeader h = detail::read_image_header(bytes, "x");
+    CHECK(std::string(h.format) == c.format);
+    CHECK(h.width == 7);
+    CHECK(h.height == 5);
+    const cv::Mat back = detail::decode_image_bytes(bytes, "x", 35);  // exactly at the limit
+    CHECK(back.cols == 7);
+    CHECK(back.rows == 5);
+  }
+  // JPEG 2000: OpenCV writes it, relpos refuses to read it (as it never collects .jp2 from folders)
+  std::vector<unsigned char> jp2;
+  bool encoded = false;
+  try {
+    encoded = cv::imencode(".jp2", cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)), jp2);
+  } catch (const cv::Exception&) {  // an OpenCV built without OpenJPEG's encoder
+  }
+  if (encoded) {
+    const std::string e = image_error(std::string(jp2.begin(), jp2.end()), "photo.jp2");
+    CHECK(e.find("photo.jp2: not a readable image") != std::string::npos);
+  }
+}
+#endif

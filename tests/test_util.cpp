@@ -125,6 +125,18 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path, ec);
 }
 
+ScopedEnv::ScopedEnv(const char* name, const std::string& value) : name_(name) {
+  if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+  setenv(name, value.c_str(), 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_)
+    setenv(name_, old_.c_str(), 1);
+  else
+    unsetenv(name_);
+}
+
 }  // namespace relpos::test
 
 #include <opencv2/core.hpp>

@@ -57,6 +57,17 @@ struct TempDir {
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
+// Sets an environment variable for the scope of one test, then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
 }  // namespace relpos::test
 
 namespace relpos::test {

@@ -10,6 +10,7 @@
 #endif
 
 #include "io/atomic_file.hpp"
+#include "io/image_header.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::detail {
@@ -61,8 +62,14 @@ void check_jpeg(const std::string& b, const std::string& name) {
 }
 }  // namespace
 
-cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name) {
+cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, std::int64_t max_pixels) {
   RELPOS_CHECK(!bytes.empty(), name << ": empty file, not an image");
+  const ImageHeader h = read_image_header(bytes, name);
+  RELPOS_CHECK(h.width > 0 && h.height > 0,
+               name << ": damaged " << h.format << " (its header gives a size of " << h.width << " x " << h.height << ")");
+  RELPOS_CHECK(h.width <= max_pixels / h.height,
+               name << ": " << h.format << " of " << h.width << " x " << h.height << " pixels, over the limit of " << max_pixels
+                    << " (a decompression bomb, or an image too large to load); set RELPOS_MAX_IMAGE_PIXELS to allow it");
   std::string png;
   if (starts_with(bytes, "\x89PNG\r\n\x1a\n", 8)) png = check_png(bytes, name);
   else if (starts_with(bytes, "\xFF\xD8\xFF", 3)) check_jpeg(bytes, name);
@@ -86,7 +93,7 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name) {
   return img;
 }
 
-cv::Mat decode_image_file(const std::string& path) { return decode_image_bytes(read_file(path), path); }
+cv::Mat decode_image_file(const std::string& path) { return decode_image_bytes(read_file(path), path, max_image_pixels()); }
 
 void encode_image_file(const std::string& path, const cv::Mat& img) {
   RELPOS_CHECK(!img.empty(), "cannot write " << path << ": the image is empty");
