@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -70,6 +71,9 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
   RELPOS_CHECK(h.width <= max_pixels / h.height,
                name << ": " << h.format << " of " << h.width << " x " << h.height << " pixels, over the limit of " << max_pixels
                     << " (a decompression bomb, or an image too large to load); set RELPOS_MAX_IMAGE_PIXELS to allow it");
+  RELPOS_CHECK(h.data_end <= static_cast<double>(bytes.size()),
+               name << ": truncated " << h.format << " (the header places image data up to byte "
+                    << static_cast<std::uint64_t>(std::min(h.data_end, 4.6e18)) << ", but the file ends at byte " << bytes.size() << ")");
   std::string png;
   if (starts_with(bytes, "\x89PNG\r\n\x1a\n", 8)) png = check_png(bytes, name);
   else if (starts_with(bytes, "\xFF\xD8\xFF", 3)) check_jpeg(bytes, name);

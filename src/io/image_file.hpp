@@ -12,8 +12,9 @@ namespace relpos::detail {
 // damaged file, a file in any other format (OpenCV's JPEG 2000, OpenEXR, Radiance, DICOM, ...
 // decoders are never reached), an image over max_image_pixels() (read from the header, before
 // anything is allocated), a missing file or a folder throws relpos::Error naming the file and the
-// problem. PNG chunks are walked and their CRCs checked, and a JPEG must reach its end-of-image
-// marker, before the decoder sees the bytes (libpng and libjpeg would otherwise print warnings and,
+// problem. PNG chunks are walked and their CRCs checked, a JPEG must reach its end-of-image marker,
+// and other files must hold the data their headers place (ImageHeader::data_end), before the
+// decoder sees the bytes (libpng and libjpeg would otherwise print warnings and,
 // for JPEG, return a partly grey image as timm's Pillow would refuse to).
 cv::Mat decode_image_file(const std::string& path);
 // The same checks and decoding for bytes already in memory; `name` is used in messages.

@@ -1,6 +1,8 @@
 #include "io/image_header.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -76,19 +78,31 @@ ImageHeader jpeg(const Bytes& b) {
 }
 
 ImageHeader bmp(const Bytes& b) {
+  const std::uint64_t pixels_at = b.uint(10, 4, false, "file header");
   const std::uint64_t info = b.uint(14, 4, false, "bitmap header");
+  ImageHeader r{"BMP", 0, 0};
+  std::uint64_t bpp = 0, compression = 0;
   if (info == 12) {  // OS/2 BITMAPCOREHEADER: 16-bit sizes
-    return {"BMP", static_cast<std::int64_t>(b.uint(18, 2, false, "bitmap header")),
-            static_cast<std::int64_t>(b.uint(20, 2, false, "bitmap header"))};
+    r.width = static_cast<std::int64_t>(b.uint(18, 2, false, "bitmap header"));
+    r.height = static_cast<std::int64_t>(b.uint(20, 2, false, "bitmap header"));
+    bpp = b.uint(24, 2, false, "bitmap header");
+  } else {
+    if (info < 16) b.damaged("a bitmap header of " + std::to_string(info) + " bytes");
+    r.width = static_cast<std::int32_t>(b.uint(18, 4, false, "bitmap header"));
+    const auto h = static_cast<std::int32_t>(b.uint(22, 4, false, "bitmap header"));
+    r.height = h < 0 ? -static_cast<std::int64_t>(h) : h;  // a negative height: rows stored top-down
+    bpp = b.uint(28, 2, false, "bitmap header");
+    if (info >= 20) compression = b.uint(30, 4, false, "bitmap header");
   }
-  if (info < 16) b.damaged("a bitmap header of " + std::to_string(info) + " bytes");
-  const auto w = static_cast<std::int32_t>(b.uint(18, 4, false, "bitmap header"));
-  const auto h = static_cast<std::int32_t>(b.uint(22, 4, false, "bitmap header"));
-  // a negative height means rows stored top-down
-  return {"BMP", w, h < 0 ? -static_cast<std::int64_t>(h) : h};
+  // uncompressed rows (BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS) of whole 4-byte words
+  const bool plain = compression == 0 || compression == 3 || compression == 6;
+  if (plain && r.width > 0 && (bpp == 1 || bpp == 4 || bpp == 8 || bpp == 16 || bpp == 24 || bpp == 32))
+    r.data_end = static_cast<double>(pixels_at) +
+                 std::floor((static_cast<double>(r.width) * static_cast<double>(bpp) + 31) / 32) * 4 * static_cast<double>(r.height);
+  return r;
 }
 
-ImageHeader webp(const Bytes& b) {
+ImageHeader webp_size(const Bytes& b) {
   b.need(12, 4, "first chunk");
   if (b.same(12, "VP8 ", 4)) {  // lossy: frame tag (3 bytes), start code 9d 01 2a, 14-bit sizes
     b.need(20, 10, "VP8 frame header");
@@ -109,10 +123,20 @@ ImageHeader webp(const Bytes& b) {
   b.damaged("the first chunk is not VP8, VP8L or VP8X");
 }
 
+ImageHeader webp(const Bytes& b) {
+  ImageHeader r = webp_size(b);
+  r.data_end = static_cast<double>(b.uint(4, 4, false, "RIFF header")) + 8;  // the RIFF size counts from byte 8
+  return r;
+}
+
+// P1-P6: width, height and (but for the bitmaps P1 and P4) the largest value, as decimal numbers
+// between whitespace and comments; binary data (P4-P6) starts after one more whitespace byte.
 ImageHeader pnm(const Bytes& b) {
+  const unsigned kind = b.byte(1) - '0';
+  const bool bitmap = kind == 1 || kind == 4;
   std::size_t pos = 2;
-  std::int64_t v[2] = {0, 0};
-  for (auto& x : v) {
+  std::int64_t v[3] = {0, 0, 0};
+  for (int i = 0; i < (bitmap ? 2 : 3); ++i) {
     while (true) {  // whitespace and comments
       b.need(pos, 1, "header");
       const unsigned c = b.byte(pos);
@@ -126,15 +150,23 @@ ImageHeader pnm(const Bytes& b) {
     }
     int digits = 0;
     while (b.has(pos, 1) && b.byte(pos) >= '0' && b.byte(pos) <= '9') {
-      if (++digits > 12) b.damaged("a size of more than 12 digits");
-      x = x * 10 + (b.byte(pos++) - '0');
+      if (++digits > 12) b.damaged("a number of more than 12 digits in the header");
+      v[i] = v[i] * 10 + (b.byte(pos++) - '0');
     }
-    if (digits == 0) b.damaged("no width and height after the magic number");
+    if (digits == 0) b.damaged(i < 2 ? "no width and height after the magic number" : "no largest value after the size");
   }
-  return {"PNM", v[0], v[1]};
+  ImageHeader r{"PNM", v[0], v[1]};
+  if (kind >= 4) {
+    const double w = static_cast<double>(v[0]), h = static_cast<double>(v[1]);
+    const double sample = v[2] > 255 ? 2 : 1, channels = kind == 6 ? 3 : 1;
+    r.data_end = static_cast<double>(pos + 1) + (bitmap ? std::ceil(w / 8) * h : w * h * channels * sample);
+  }
+  return r;
 }
 
-// The first image file directory's ImageWidth (256) and ImageLength (257), classic or BigTIFF.
+// The first image file directory's ImageWidth (256) and ImageLength (257), classic or BigTIFF, and
+// where its data ends: the last of its values stored out of line, or of its strips (StripOffsets
+// 273, StripByteCounts 279) or tiles (324, 325).
 ImageHeader tiff(const Bytes& b, bool big_endian, bool bigtiff) {
   const int off_bytes = bigtiff ? 8 : 4, count_bytes = bigtiff ? 8 : 2, entry_bytes = bigtiff ? 20 : 12;
   if (bigtiff && (b.uint(4, 2, big_endian, "header") != 8 || b.uint(6, 2, big_endian, "header") != 0))
@@ -142,24 +174,66 @@ ImageHeader tiff(const Bytes& b, bool big_endian, bool bigtiff) {
   const std::uint64_t ifd = b.uint(bigtiff ? 8 : 4, off_bytes, big_endian, "header");
   if (ifd >= b.size()) b.damaged("the first directory's offset " + std::to_string(ifd) + " is past the end");
   const std::uint64_t n = b.uint(ifd, count_bytes, big_endian, "first directory");
+  if (n > b.size()) b.damaged("the first directory claims " + std::to_string(n) + " entries");
+  // the entries, then the next directory's offset
+  b.need(ifd + static_cast<std::uint64_t>(count_bytes), n * static_cast<std::uint64_t>(entry_bytes) + static_cast<std::uint64_t>(off_bytes),
+         "first directory");
+  // An entry's values (SHORT, LONG or, in BigTIFF, LONG8): in the entry when they fit, else at an offset.
+  struct Values {
+    std::uint64_t count = 0, at = 0;
+    int bytes = 0;
+  };
+  const auto values = [&](std::uint64_t e, std::uint64_t tag) {
+    Values v;
+    const std::uint64_t type = b.uint(e + 2, 2, big_endian, "first directory");
+    v.bytes = type == 3 ? 2 : type == 4 ? 4 : type == 16 && bigtiff ? 8 : 0;
+    if (v.bytes == 0) b.damaged("tag " + std::to_string(tag) + " of type " + std::to_string(type));
+    v.count = b.uint(e + 4, off_bytes, big_endian, "first directory");
+    if (v.count > b.size()) b.damaged("tag " + std::to_string(tag) + " claims " + std::to_string(v.count) + " values");
+    const std::uint64_t field = e + 4 + static_cast<std::uint64_t>(off_bytes);
+    v.at = v.count * static_cast<std::uint64_t>(v.bytes) <= static_cast<std::uint64_t>(off_bytes)
+               ? field : b.uint(field, off_bytes, big_endian, "first directory");
+    b.need(v.at, v.count * static_cast<std::uint64_t>(v.bytes), "values of a directory entry");
+    return v;
+  };
+  const auto value = [&](const Values& v, std::uint64_t i) {
+    return b.uint(v.at + i * static_cast<std::uint64_t>(v.bytes), v.bytes, big_endian, "values of a directory entry");
+  };
+  // bytes per value of each field type (BYTE, ASCII, SHORT, LONG, RATIONAL, ..., LONG8, SLONG8, IFD8)
+  static const int kTypeBytes[19] = {0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8, 4, 0, 0, 8, 8, 8};
   std::int64_t size[2] = {-1, -1};
-  for (std::uint64_t i = 0; i < n && (size[0] < 0 || size[1] < 0); ++i) {
-    if (i >= b.size()) break;  // more entries than bytes: the need() below fails first
+  Values offsets, counts;
+  double values_end = 0;  // where the last of the directory's out-of-line values ends
+  for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t e = ifd + static_cast<std::uint64_t>(count_bytes) + i * static_cast<std::uint64_t>(entry_bytes);
     const std::uint64_t tag = b.uint(e, 2, big_endian, "first directory");
     const std::uint64_t type = b.uint(e + 2, 2, big_endian, "first directory");
-    if (tag != 256 && tag != 257) continue;
-    const std::size_t value = e + 4 + static_cast<std::size_t>(off_bytes);
-    std::uint64_t x = 0;
-    if (type == 3) x = b.uint(value, 2, big_endian, "first directory");        // SHORT
-    else if (type == 4) x = b.uint(value, 4, big_endian, "first directory");   // LONG
-    else if (type == 16 && bigtiff) x = b.uint(value, 8, big_endian, "first directory");  // LONG8
-    else b.damaged("tag " + std::to_string(tag) + " of type " + std::to_string(type));
-    if (x > (std::uint64_t{1} << 40)) x = std::uint64_t{1} << 40;  // still over any limit, no overflow
-    size[tag - 256] = static_cast<std::int64_t>(x);
+    const double bytes = type < 19 ? static_cast<double>(kTypeBytes[type]) *
+                                         static_cast<double>(b.uint(e + 4, off_bytes, big_endian, "first directory"))
+                                   : 0.0;  // an unknown type: libtiff skips the entry
+    if (bytes > off_bytes) {
+      const std::uint64_t at = b.uint(e + 4 + static_cast<std::uint64_t>(off_bytes), off_bytes, big_endian, "first directory");
+      values_end = std::max(values_end, static_cast<double>(at) + bytes);
+    }
+    if (tag == 256 || tag == 257) {
+      const Values v = values(e, tag);
+      if (v.count != 1) b.damaged("tag " + std::to_string(tag) + " has " + std::to_string(v.count) + " values");
+      const std::uint64_t x = value(v, 0);
+      size[tag - 256] = static_cast<std::int64_t>(x > (std::uint64_t{1} << 40) ? std::uint64_t{1} << 40 : x);  // no overflow
+    } else if (tag == 273 || tag == 324) {
+      offsets = values(e, tag);
+    } else if (tag == 279 || tag == 325) {
+      counts = values(e, tag);
+    }
   }
   if (size[0] < 0 || size[1] < 0) b.damaged("no ImageWidth and ImageLength in the first directory");
-  return {"TIFF", size[0], size[1]};
+  ImageHeader r{"TIFF", size[0], size[1]};
+  r.data_end = values_end;
+  // (libtiff estimates missing or inconsistent byte counts itself: no check then)
+  if (offsets.count == counts.count)
+    for (std::uint64_t i = 0; i < offsets.count; ++i)
+      r.data_end = std::max(r.data_end, static_cast<double>(value(offsets, i)) + static_cast<double>(value(counts, i)));
+  return r;
 }
 
 }  // namespace
