@@ -21,10 +21,6 @@ std::uint32_t be32(const unsigned char* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
 }
 
-bool starts_with(const std::string& b, const char* magic, std::size_t n) {
-  return b.size() >= n && std::memcmp(b.data(), magic, n) == 0;
-}
-
 // Walks the chunks (length, type, data, CRC) up to IEND, checking each, and returns the file with
 // only the chunks that decide the pixels (IHDR, PLTE, tRNS, IDAT, IEND): OpenCV ignores the others
 // (colour profiles, text, times), and libpng would print warnings about some of them to stderr
@@ -75,8 +71,8 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
                name << ": truncated " << h.format << " (the header places image data up to byte "
                     << static_cast<std::uint64_t>(std::min(h.data_end, 4.6e18)) << ", but the file ends at byte " << bytes.size() << ")");
   std::string png;
-  if (starts_with(bytes, "\x89PNG\r\n\x1a\n", 8)) png = check_png(bytes, name);
-  else if (starts_with(bytes, "\xFF\xD8\xFF", 3)) check_jpeg(bytes, name);
+  if (std::strcmp(h.format, "PNG") == 0) png = check_png(bytes, name);
+  else if (std::strcmp(h.format, "JPEG") == 0) check_jpeg(bytes, name);
   const std::string& data = png.empty() ? bytes : png;
   RELPOS_CHECK(data.size() < 0x7fffffffu, name << ": " << data.size() << " bytes is too large an image file");
   cv::Mat img;
