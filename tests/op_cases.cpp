@@ -662,6 +662,7 @@ void attention_cases(std::vector<OpCase>& out) {
     bool bench;
   };
   for (const Sasa& s : {Sasa{2, 9, 6, 2, 8, 4, 3, false}, Sasa{2, 9, 6, 2, 8, 4, 7, false},
+                        Sasa{2, 5, 13, 2, 8, 4, 5, false},  // 9 to 15 wide: AVX-512's 16 lanes, 3 empty
                         Sasa{1, 56, 56, 8, 8, 8, 7, true}, Sasa{1, 28, 28, 8, 16, 16, 7, true}}) {
     SasaSpec sp;
     sp.heads = s.heads, sp.dqk = s.dqk, sp.dv = s.dv, sp.kernel = s.k;
