@@ -5,6 +5,7 @@
 #include <functional>
 #include <random>
 
+#include "core/ops_internal.hpp"
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
 #include "relpos/runtime.hpp"
@@ -429,4 +430,64 @@ TEST_CASE("SASA local attention: the output activation is ReLU of the plain outp
   const Tensor x = to_t({1, sp.channels_qkv(), 5, 5}, random_vec(static_cast<std::size_t>(sp.channels_qkv() * 25), r2, 1.0));
   CHECK_THROWS_WITH_AS(ops::sasa_attention(x, rr, rc, sp, nullptr, Act::SiLU), doctest::Contains("none or relu"),
                        Error);
+}
+
+TEST_CASE("SASA projected attention: the 1x1 projection written straight into the planes gives the op on the projection") {
+  // Inference runs a SASA layer's qkv projection into the kernels' planes (rows with no padding
+  // columns: a window column off the map reads the next or previous row, masked) with the value
+  // bias added as the output is written. It must give what the projection (a convolution with the
+  // bias on the value rows) and the op give: partial vectors, maps narrower than the window, a
+  // batch, one and two threads, both ways of splitting the work, with and without ReLU.
+  struct Geo {
+    int B, H, W, Cin, heads, dqk, dv, k;
+  };
+  const int before = relpos::num_threads();
+  for (const Geo& s : {Geo{1, 5, 11, 7, 3, 10, 9, 7}, Geo{2, 3, 17, 16, 1, 2, 1, 5}, Geo{1, 9, 8, 5, 2, 16, 8, 9},
+                       Geo{1, 2, 2, 3, 2, 6, 5, 7}, Geo{2, 6, 37, 12, 2, 10, 9, 7}, Geo{3, 7, 13, 8, 2, 8, 8, 3},
+                       Geo{1, 1, 1, 4, 1, 2, 2, 1}, Geo{1, 12, 56, 16, 1, 8, 8, 7},
+                       Geo{3, 40, 40, 4, 8, 64, 64, 3}})  // (one image per chunk of planes: 3 chunks)
+    for (const int threads : {1, 2})
+      for (const bool biased : {false, true})
+        for (const Act act : {Act::None, Act::ReLU}) {
+          CAPTURE(s.H);
+          CAPTURE(s.W);
+          CAPTURE(s.k);
+          CAPTURE(threads);
+          CAPTURE(biased);
+          SasaSpec sp;
+          sp.heads = s.heads, sp.dqk = s.dqk, sp.dv = s.dv, sp.kernel = s.k;
+          std::mt19937 rng(static_cast<std::uint32_t>(300 + s.W + s.k));
+          const Shape xs{s.B, s.Cin, s.H, s.W}, ws{sp.channels_qkv(), s.Cin, 1, 1}, es{s.k, s.dqk / 2};
+          const Tensor x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
+          const Tensor w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.5));
+          const Tensor rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+          const Tensor rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+          const Vec vb = random_vec(static_cast<std::size_t>(sp.channels_out()), rng, 1.0);
+          Vec full(static_cast<std::size_t>(sp.channels_qkv()), 0.0);  // the projection's bias: values only
+          std::copy(vb.begin(), vb.end(), full.end() - static_cast<std::ptrdiff_t>(vb.size()));
+          const Tensor v_bias = to_t({sp.channels_out()}, vb), bias = to_t({sp.channels_qkv()}, full);
+          relpos::set_num_threads(threads);
+          const Tensor qkv = ops::conv2d(x, w, biased ? &bias : nullptr, {});
+          const auto want = ops::sasa_attention(qkv, rr, rc, sp, nullptr, act).contiguous().to_vector();
+          const auto got =
+              ops::sasa_projected_attention(x, w, biased ? &v_bias : nullptr, rr, rc, sp, act).contiguous().to_vector();
+          REQUIRE(want.size() == got.size());
+          double worst = 0.0, scale = 0.0;
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            worst = std::max(worst, static_cast<double>(std::fabs(want[i] - got[i])));
+            scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+          }
+          CHECK((scale > 0.1 || act == Act::ReLU));  // (ReLU may zero a tiny map's few outputs)
+          CHECK(worst <= 2e-6 * std::max(1.0, scale));
+        }
+  relpos::set_num_threads(before);
+  SasaSpec sp;
+  sp.heads = 2, sp.dqk = 4, sp.dv = 4, sp.kernel = 3;
+  const Tensor x = Tensor::zeros({1, 5, 4, 4}).channels_last(), rr = Tensor::zeros({3, 2}), rc = Tensor::zeros({3, 2});
+  const Tensor bad_w = Tensor::zeros({sp.channels_qkv(), 6, 1, 1}), bad_b = Tensor::zeros({3});
+  CHECK_THROWS_WITH_AS(ops::sasa_projected_attention(x, bad_w, nullptr, rr, rc, sp, Act::None),
+                       doctest::Contains("do not fit a 1x1 projection of 5 channels"), relpos::Error);
+  CHECK_THROWS_WITH_AS(
+      ops::sasa_projected_attention(x, Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), &bad_b, rr, rc, sp, Act::None),
+      doctest::Contains("value bias"), relpos::Error);
 }

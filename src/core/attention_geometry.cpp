@@ -11,18 +11,17 @@ Shape table_shape(bool per_head, int heads, std::int64_t rows, int d) {
   return per_head ? Shape{heads, rows, d} : Shape{rows, d};
 }
 
-void check_qkv(const Tensor& qkv, int channels, int heads, int dqk, int dv, const char* what) {
+void check_qkv(const Shape& qkv, int channels, int heads, int dqk, int dv, const char* what) {
   RELPOS_CHECK(heads >= 1 && dqk >= 1 && dv >= 1,
                what << ": heads, dqk and dv must be positive (got " << heads << ", " << dqk << ", " << dv << ")");
-  RELPOS_CHECK(qkv.ndim() == 4, what << ": qkv must be (B, C, H, W), got " << qkv.describe());
-  RELPOS_CHECK(qkv.dim(1) == channels, what << ": qkv has " << qkv.dim(1) << " channels but " << heads
-                                            << " heads with dqk " << dqk << " and dv " << dv << " need "
-                                            << channels);
+  RELPOS_CHECK(qkv.size() == 4, what << ": qkv must be (B, C, H, W), got " << to_string(qkv));
+  RELPOS_CHECK(qkv[1] == channels, what << ": qkv has " << qkv[1] << " channels but " << heads << " heads with dqk "
+                                        << dqk << " and dv " << dv << " need " << channels);
 }
 }  // namespace
 
 BotGeometry bot_geometry(const Tensor& qkv, const Tensor& pos_h, const Tensor& pos_w, const BotAttnSpec& spec) {
-  check_qkv(qkv, spec.channels_qkv(), spec.heads, spec.dqk, spec.dv, "attention");
+  check_qkv(qkv.shape(), spec.channels_qkv(), spec.heads, spec.dqk, spec.dv, "attention");
   RELPOS_CHECK(spec.clip >= 0, "attention: clip must be >= 0, got " << spec.clip);
   BotGeometry g;
   g.B = qkv.dim(0), g.H = qkv.dim(2), g.W = qkv.dim(3), g.N = g.H * g.W;
@@ -61,12 +60,17 @@ BotGeometry bot_geometry(const Tensor& qkv, const Tensor& pos_h, const Tensor& p
 }
 
 SasaGeometry sasa_geometry(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec) {
+  return sasa_geometry(qkv.shape(), qkv.device(), r_row, r_col, spec);
+}
+
+SasaGeometry sasa_geometry(const Shape& qkv, Device device, const Tensor& r_row, const Tensor& r_col,
+                           const SasaSpec& spec) {
   check_qkv(qkv, spec.channels_qkv(), spec.heads, spec.dqk, spec.dv, "local attention");
   RELPOS_CHECK(spec.kernel >= 1 && spec.kernel % 2 == 1,
                "local attention: the window must be odd, got " << spec.kernel);
   RELPOS_CHECK(spec.dqk % 2 == 0, "local attention: dqk must be even (half rows, half columns), got " << spec.dqk);
   SasaGeometry g;
-  g.B = qkv.dim(0), g.H = qkv.dim(2), g.W = qkv.dim(3), g.N = g.H * g.W;
+  g.B = qkv[0], g.H = qkv[2], g.W = qkv[3], g.N = g.H * g.W;
   g.Ct = spec.channels_qkv(), g.Co = spec.channels_out();
   g.heads = spec.heads, g.dqk = spec.dqk, g.dv = spec.dv;
   g.k = spec.kernel, g.r = spec.kernel / 2, g.half = spec.dqk / 2;
@@ -75,7 +79,7 @@ SasaGeometry sasa_geometry(const Tensor& qkv, const Tensor& r_row, const Tensor&
   RELPOS_CHECK(r_row.shape() == want && r_col.shape() == want,
                "local attention: r_row " << to_string(r_row.shape()) << " and r_col " << to_string(r_col.shape())
                                          << " must both be " << to_string(want));
-  RELPOS_CHECK(r_row.device() == qkv.device() && r_col.device() == qkv.device(),
+  RELPOS_CHECK(r_row.device() == device && r_col.device() == device,
                "local attention: embeddings must be on the same device as qkv");
   return g;
 }

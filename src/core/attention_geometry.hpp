@@ -41,5 +41,8 @@ struct SasaGeometry {
   float s = 1.0f;
 };
 SasaGeometry sasa_geometry(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec);
+// The same for a qkv of this shape on `device` (one a fused projection makes).
+SasaGeometry sasa_geometry(const Shape& qkv, Device device, const Tensor& r_row, const Tensor& r_col,
+                           const SasaSpec& spec);
 
 }  // namespace relpos

@@ -4,6 +4,7 @@
 
 #include "core/op_cache.hpp"
 #include "core/runtime_internal.hpp"
+#include "relpos/attention_ops.hpp"
 #include "relpos/ops.hpp"
 
 namespace relpos {
@@ -29,6 +30,13 @@ struct BatchStats {  // what the backward needs; each backend fills what it uses
 // one pass over the four tensors instead of an add and a backward pass (two more).
 Tensor activation_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Act act);
 
+// Inference on the CPU: act(local attention of the 1x1 projection w (Ct, Cin, 1, 1) of x, plus
+// v_bias (Co) per output channel), as sasa_attention(conv2d(x, w, bias with v_bias on the value
+// rows)) but without the qkv tensor: the projection writes the kernels' planes directly. Only for
+// finite inputs is it the same to rounding (a window column off the map reads a neighbouring row,
+// with probability 0: an inf or NaN value there would show up as NaN).
+Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
+                                const Tensor& r_col, const SasaSpec& spec, Act act);
 // ops::conv2d with the calling layer's plan cache.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec, const Epilogue& epilogue,
               OpCache* cache);

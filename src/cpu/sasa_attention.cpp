@@ -65,6 +65,7 @@ sasa::Planes planes_of(const SasaGeometry& g, const Tensor& r_row, const Tensor&
   p.s = g.s;
   p.r_row = r_row.data();
   p.r_col = r_col.data();
+  p.stride = p.plane_floats();
   return p;
 }
 
@@ -263,6 +264,78 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
       grads.dr_col.data()[t] += dr[static_cast<std::size_t>(u * 2 * tsize + tsize + t)];
     }
   return grads;
+}
+
+}  // namespace relpos::cpu
+
+namespace relpos::cpu {
+
+Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
+                                const Tensor& r_col, const SasaSpec& spec, Act act) {
+  const Tensor x = as_channels_last(x_in);
+  RELPOS_CHECK(x.ndim() == 4, "local attention projection: input " << x.describe() << " is not (N, C, H, W)");
+  const std::int64_t B = x.dim(0), Cin = x.dim(1), H = x.dim(2), W = x.dim(3);
+  RELPOS_CHECK(w.shape() == Shape({spec.channels_qkv(), Cin, 1, 1}) && w.layout() == Layout::Contiguous,
+               "local attention projection: weights " << w.describe() << " do not fit a 1x1 projection of " << Cin
+                                                        << " channels to " << spec.channels_qkv());
+  RELPOS_CHECK(!v_bias || v_bias->shape() == Shape({spec.channels_out()}),
+               "local attention projection: value bias " << v_bias->describe() << " must have "
+                                                          << spec.channels_out() << " entries");
+  // The geometry and checks of the attention itself, on the qkv shape the projection makes.
+  const SasaGeometry g = sasa_geometry(Shape{B, spec.channels_qkv(), H, W}, Device::CPU, r_row, r_col, spec);
+  Tensor out({B, g.Co, H, W}, Device::CPU, Layout::ChannelsLast);
+  const sasa::Kernels& kern = sasa::kernels(static_cast<int>(W));
+  sasa::Planes p = planes_of(g, r_row, r_col, kern);
+  p.relu = act == Act::ReLU;
+  p.v_bias = v_bias ? v_bias->data() : nullptr;
+  // Planes of rows W wide with no padding columns, the maps of a chunk of G images back to back in
+  // each: a window column left or right of the map reads the end of the row above or the start of
+  // the row below (of this image or the next), and the kernels mask such columns lane by lane; the
+  // window rows they take are the map's own. Guards before the first map (the kernels' plane
+  // pointer, r padding rows and columns before pixel (0, 0), stays inside) and after the last (for
+  // the lanes past the last row's end) hold zeros; a short last chunk leaves the one before's maps
+  // after its own, which are as finite as any neighbour.
+  p.Wv = p.Wp = p.W;
+  const std::int64_t HW = H * W, lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
+  const std::int64_t front = (lead + 15) / 16 * 16, back = (p.r + sasa::kMaxLanes + 15) / 16 * 16;
+  const std::int64_t G = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (g.Ct * HW), 1, B);  // ~4 MiB
+  const std::int64_t P = front + G * HW + back;
+  p.stride = P;
+  bool clean = false;
+  float* planes = plane_buffer(plane_layout(4, p, g.Ct, G), g.Ct * P, &clean);
+  if (!clean) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < g.Ct; ++c) std::fill(planes + c * P, planes + (c + 1) * P, 0.0f);
+  }
+  const int threads = omp_get_max_threads();
+  const std::int64_t S = sasa::scratch_floats(p);
+  float* scratch = thread_buffer(0, threads * S);
+  const int pairs = (p.H + 1) / 2;
+  for (std::int64_t b0 = 0; b0 < B; b0 += G) {
+    const std::int64_t n = std::min(G, B - b0);
+    // The chunk's q, k and v planes: (Ct x n*H*W) = w (Ct x Cin) times the pixels (n*H*W x Cin)^T
+    // (oneDNN's sgemm, on every thread).
+    gemm(false, true, g.Ct, n * HW, Cin, 1.0f, w.data(), Cin, x.data() + b0 * HW * Cin, Cin, 0.0f, planes + front,
+         P);
+    // The kernels address padded (row, column) at row * W + column from their plane pointer.
+    const auto plane = [&](std::int64_t i, std::int64_t c) { return planes + c * P + front + i * HW - lead; };
+    const auto run = [&](std::int64_t i, int h, int y, float* s) {
+      kern.forward_rows(p, plane(i, p.q_channel(h)), plane(i, p.k_channel(h)), plane(i, p.v_channel(h)), h, y,
+                        std::min(2, p.H - y), out.data() + (b0 + i) * g.N * g.Co, nullptr, s);
+    };
+    if (n * g.heads >= threads) {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t u = 0; u < n * g.heads; ++u)
+        for (int y = 0; y < p.H; y += 2)
+          run(u / g.heads, static_cast<int>(u % g.heads), y, scratch + omp_get_thread_num() * S);
+    } else {
+#pragma omp parallel for collapse(3) schedule(static)
+      for (std::int64_t i = 0; i < n; ++i)
+        for (int h = 0; h < g.heads; ++h)
+          for (int pr = 0; pr < pairs; ++pr) run(i, h, 2 * pr, scratch + omp_get_thread_num() * S);
+    }
+  }
+  return out;
 }
 
 }  // namespace relpos::cpu

@@ -29,7 +29,10 @@ struct Planes {
   bool relu = false;               // the output goes through ReLU as it is written
   const float* r_row = nullptr;    // (k, half): acts on q[:half]
   const float* r_col = nullptr;    // (k, half): acts on q[half:]
-  std::int64_t plane() const { return static_cast<std::int64_t>(Hp) * Wp; }
+  const float* v_bias = nullptr;   // (heads * dv) or null: added to each output channel as it is written
+  std::int64_t stride = 0;         // floats from one plane to the next (at least Hp * Wp)
+  std::int64_t plane() const { return stride; }
+  std::int64_t plane_floats() const { return static_cast<std::int64_t>(Hp) * Wp; }
   int channels() const { return 2 * heads * dqk + heads * dv; }  // q, k, v planes of one image
   // The first q, k and v channel of head h among them (the qkv projection's layout: all heads' q,
   // then their k, then their v).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops_internal.hpp"
 #include "layers/activation_observer.hpp"
 #include "relpos/error.hpp"
 
@@ -38,7 +39,7 @@ Shape QkvAttention::pooled(Shape s) const {
 void QkvAttention::prepare_inference() {
   cache_.clear();
   fold_cache_.clear();
-  fold_w_ = fold_b_ = Tensor();
+  fold_w_ = fold_b_ = fold_vb_ = Tensor();
   if (int8_) int8_->prepare_inference();
 }
 
@@ -77,15 +78,23 @@ void QkvAttention::fold_norm(const std::vector<float>& scale, const std::vector<
   }
   fold_w_ = Tensor::from_vector(qkv_w_.shape(), w).to(qkv_w_.device());
   fold_b_ = Tensor::from_vector({rows}, b).to(qkv_w_.device());
+  fold_vb_ = Tensor::from_vector({static_cast<std::int64_t>(shift.size())}, shift).to(qkv_w_.device());
   fold_cache_.clear();
 }
 
 Tensor QkvAttention::infer_folded(const Tensor& x, Act act) const {
   RELPOS_CHECK(folded(), "internal: " << qkv_name_ << " has no folded norm");
   detail::observe_input(qkv_name_, x);  // (int8 calibration sees the projection's input as in infer())
-  const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
-  if (stride_ == 1) return attend_act(qkv, act);
-  return ops::activation(ops::pool2d(attend(qkv, nullptr), kPool2x2), act);  // the activation after the pool
+  // With a stride the activation comes after the pool.
+  Tensor att = attend_projected(x, fold_w_, fold_vb_, stride_ == 1 ? act : Act::None);
+  if (!att.defined()) {
+    const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
+    if (stride_ == 1) return attend_act(qkv, act);
+    att = attend(qkv, nullptr);
+  } else if (stride_ == 1) {
+    return att;
+  }
+  return ops::activation(ops::pool2d(att, kPool2x2), act);
 }
 
 Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {
@@ -223,6 +232,11 @@ Tensor SasaAttention::attend(const Tensor& qkv, Tensor* probs) const {
 
 Tensor SasaAttention::attend_act(const Tensor& qkv, Act act) const {
   return ops::sasa_attention(qkv, r_row_, r_col_, spec_, nullptr, act);
+}
+
+Tensor SasaAttention::attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act) const {
+  if (!x.is_cpu()) return Tensor();  // (CUDA: the projection and the op, as before)
+  return ops::sasa_projected_attention(x, w, &v_bias, r_row_, r_col_, spec_, act);
 }
 
 void SasaAttention::describe(AttentionMaps& m, const Tensor& probs) const {

@@ -50,6 +50,12 @@ class QkvAttention : public Module, public Quantizable {
   virtual Tensor attend(const Tensor& qkv, Tensor* probs) const = 0;
   // attend() for inference with `act` on the output (a separate pass unless the op applies it).
   virtual Tensor attend_act(const Tensor& qkv, Act act) const { return ops::activation(attend(qkv, nullptr), act); }
+  // act(attention of the projection w of x, plus v_bias on each output channel) in one op, with no
+  // qkv tensor in between; undefined where the layer has no such op for x's device.
+  virtual Tensor attend_projected(const Tensor& /*x*/, const Tensor& /*w*/, const Tensor& /*v_bias*/,
+                                  Act /*act*/) const {
+    return Tensor();
+  }
   // d qkv from d attention output, given the saved qkv and probs; sets the position gradients.
   virtual Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) = 0;
   virtual void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) = 0;
@@ -67,6 +73,7 @@ class QkvAttention : public Module, public Quantizable {
   Tensor qkv_w_, dqkv_w_;
   mutable OpCache cache_;
   Tensor fold_w_, fold_b_;  // fold_norm()'s projection and its bias (zero for q and k)
+  Tensor fold_vb_;          // fold_b_'s value rows: the output channels' shift
   mutable OpCache fold_cache_;
   std::string qkv_name_;  // "<prefix>qkv", set by collect()
   std::unique_ptr<Int8Conv> int8_;
@@ -101,6 +108,7 @@ class SasaAttention : public QkvAttention {
  protected:
   Tensor attend(const Tensor& qkv, Tensor* probs) const override;
   Tensor attend_act(const Tensor& qkv, Act act) const override;
+  Tensor attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act) const override;
   Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
   void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
   void init_positions(Init& init) override;
