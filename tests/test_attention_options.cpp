@@ -445,7 +445,7 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
   for (const Geo& s : {Geo{1, 5, 11, 7, 3, 10, 9, 7}, Geo{2, 3, 17, 16, 1, 2, 1, 5}, Geo{1, 9, 8, 5, 2, 16, 8, 9},
                        Geo{1, 2, 2, 3, 2, 6, 5, 7}, Geo{2, 6, 37, 12, 2, 10, 9, 7}, Geo{3, 7, 13, 8, 2, 8, 8, 3},
                        Geo{1, 1, 1, 4, 1, 2, 2, 1}, Geo{1, 12, 56, 16, 1, 8, 8, 7},
-                       Geo{3, 40, 40, 4, 8, 64, 64, 3}})  // (one image per chunk of planes: 3 chunks)
+                       Geo{3, 40, 40, 4, 8, 64, 64, 3}, Geo{2, 14, 14, 8, 2, 8, 8, 7}, Geo{1, 4, 18, 6, 3, 4, 10, 5}})  // (one image per chunk of planes: 3 chunks)
     for (const int threads : {1, 2})
       for (const bool biased : {false, true})
         for (const Act act : {Act::None, Act::ReLU}) {
@@ -468,17 +468,26 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
           const Tensor v_bias = to_t({sp.channels_out()}, vb), bias = to_t({sp.channels_qkv()}, full);
           relpos::set_num_threads(threads);
           const Tensor qkv = ops::conv2d(x, w, biased ? &bias : nullptr, {});
-          const auto want = ops::sasa_attention(qkv, rr, rc, sp, nullptr, act).contiguous().to_vector();
-          const auto got =
-              ops::sasa_projected_attention(x, w, biased ? &v_bias : nullptr, rr, rc, sp, act).contiguous().to_vector();
-          REQUIRE(want.size() == got.size());
-          double worst = 0.0, scale = 0.0;
-          for (std::size_t i = 0; i < want.size(); ++i) {
-            worst = std::max(worst, static_cast<double>(std::fabs(want[i] - got[i])));
-            scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+          const Tensor att = ops::sasa_attention(qkv, rr, rc, sp);
+          for (const bool pool : {false, true}) {
+            if (pool && (s.H % 2 != 0 || s.W % 2 != 0)) continue;
+            CAPTURE(pool);
+            // (the pooled form: the layer at stride 2, its activation after the pool)
+            const Tensor ref = pool ? ops::activation(ops::pool2d(att, {ops::PoolKind::Avg, 2, 2, 0}), act)
+                                    : ops::activation(att, act);
+            const auto want = ref.contiguous().to_vector();
+            const Tensor out = ops::sasa_projected_attention(x, w, biased ? &v_bias : nullptr, rr, rc, sp, act, pool);
+            CHECK(out.shape() == ref.shape());
+            const auto got = out.contiguous().to_vector();
+            REQUIRE(want.size() == got.size());
+            double worst = 0.0, scale = 0.0;
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              worst = std::max(worst, static_cast<double>(std::fabs(want[i] - got[i])));
+              scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+            }
+            CHECK((scale > 0.1 || act == Act::ReLU));  // (ReLU may zero a tiny map's few outputs)
+            CHECK(worst <= 2e-6 * std::max(1.0, scale));
           }
-          CHECK((scale > 0.1 || act == Act::ReLU));  // (ReLU may zero a tiny map's few outputs)
-          CHECK(worst <= 2e-6 * std::max(1.0, scale));
         }
   relpos::set_num_threads(before);
   SasaSpec sp;
@@ -490,4 +499,8 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
   CHECK_THROWS_WITH_AS(
       ops::sasa_projected_attention(x, Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), &bad_b, rr, rc, sp, Act::None),
       doctest::Contains("value bias"), relpos::Error);
+  CHECK_THROWS_WITH_AS(ops::sasa_projected_attention(Tensor::zeros({1, 5, 3, 4}).channels_last(),
+                                                     Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), nullptr, rr, rc, sp,
+                                                     Act::None, true),
+                       doctest::Contains("needs an even map, got 3x4"), relpos::Error);
 }

@@ -18,8 +18,8 @@ Tensor dequantize_activation(const ops::QuantizedTensor& q);
 // ops::activation_backward_sum for ReLU: (y > 0) (.) (dy_a + dy_b), in y's layout (elementwise.cpp).
 Tensor relu_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b);
 // Inference: act(local attention of the 1x1 projection w (Ct, Cin, 1, 1) of x, plus v_bias per output
-// channel) with no qkv tensor in between: sasa_attention.cpp.
+// channel, 2x2 average pooled with pool2x2) with no qkv tensor in between: sasa_attention.cpp.
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
-                                const Tensor& r_col, const SasaSpec& spec, Act act);
+                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2);
 ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec);
 }  // namespace relpos::cpu

@@ -271,7 +271,7 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
 namespace relpos::cpu {
 
 Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
-                                const Tensor& r_col, const SasaSpec& spec, Act act) {
+                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2) {
   const Tensor x = as_channels_last(x_in);
   RELPOS_CHECK(x.ndim() == 4, "local attention projection: input " << x.describe() << " is not (N, C, H, W)");
   const std::int64_t B = x.dim(0), Cin = x.dim(1), H = x.dim(2), W = x.dim(3);
@@ -283,10 +283,14 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
                                                           << spec.channels_out() << " entries");
   // The geometry and checks of the attention itself, on the qkv shape the projection makes.
   const SasaGeometry g = sasa_geometry(Shape{B, spec.channels_qkv(), H, W}, Device::CPU, r_row, r_col, spec);
-  Tensor out({B, g.Co, H, W}, Device::CPU, Layout::ChannelsLast);
+  RELPOS_CHECK(!pool2x2 || (H % 2 == 0 && W % 2 == 0),
+               "local attention projection: a 2x2 pool needs an even map, got " << H << "x" << W);
+  const std::int64_t oh = pool2x2 ? H / 2 : H, ow = pool2x2 ? W / 2 : W;
+  Tensor out({B, g.Co, oh, ow}, Device::CPU, Layout::ChannelsLast);
   const sasa::Kernels& kern = sasa::kernels(static_cast<int>(W));
   sasa::Planes p = planes_of(g, r_row, r_col, kern);
   p.relu = act == Act::ReLU;
+  p.pool2 = pool2x2;
   p.v_bias = v_bias ? v_bias->data() : nullptr;
   // Planes of rows W wide with no padding columns, the maps of a chunk of G images back to back in
   // each: a window column left or right of the map reads the end of the row above or the start of
@@ -321,7 +325,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
     const auto plane = [&](std::int64_t i, std::int64_t c) { return planes + c * P + front + i * HW - lead; };
     const auto run = [&](std::int64_t i, int h, int y, float* s) {
       kern.forward_rows(p, plane(i, p.q_channel(h)), plane(i, p.k_channel(h)), plane(i, p.v_channel(h)), h, y,
-                        std::min(2, p.H - y), out.data() + (b0 + i) * g.N * g.Co, nullptr, s);
+                        std::min(2, p.H - y), out.data() + (b0 + i) * oh * ow * g.Co, nullptr, s);
     };
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)

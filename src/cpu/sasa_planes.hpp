@@ -27,6 +27,8 @@ struct Planes {
   int heads = 0, dqk = 0, dv = 0, half = 0;
   float s = 1.0f;                  // logit scale
   bool relu = false;               // the output goes through ReLU as it is written
+  bool pool2 = false;              // the output is 2x2 average pooled (then ReLU) as it is written:
+                                   // H and W even, rows taken in pairs; out is (H/2, W/2) pixels
   const float* r_row = nullptr;    // (k, half): acts on q[:half]
   const float* r_col = nullptr;    // (k, half): acts on q[half:]
   const float* v_bias = nullptr;   // (heads * dv) or null: added to each output channel as it is written

@@ -85,16 +85,11 @@ void QkvAttention::fold_norm(const std::vector<float>& scale, const std::vector<
 Tensor QkvAttention::infer_folded(const Tensor& x, Act act) const {
   RELPOS_CHECK(folded(), "internal: " << qkv_name_ << " has no folded norm");
   detail::observe_input(qkv_name_, x);  // (int8 calibration sees the projection's input as in infer())
-  // With a stride the activation comes after the pool.
-  Tensor att = attend_projected(x, fold_w_, fold_vb_, stride_ == 1 ? act : Act::None);
-  if (!att.defined()) {
-    const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
-    if (stride_ == 1) return attend_act(qkv, act);
-    att = attend(qkv, nullptr);
-  } else if (stride_ == 1) {
-    return att;
-  }
-  return ops::activation(ops::pool2d(att, kPool2x2), act);
+  const Tensor fused = attend_projected(x, fold_w_, fold_vb_, act);
+  if (fused.defined()) return fused;
+  const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
+  if (stride_ == 1) return attend_act(qkv, act);
+  return ops::activation(ops::pool2d(attend(qkv, nullptr), kPool2x2), act);  // the activation after the pool
 }
 
 Tensor QkvAttention::infer(const ops::QuantizedTensor& x) const {
@@ -235,8 +230,9 @@ Tensor SasaAttention::attend_act(const Tensor& qkv, Act act) const {
 }
 
 Tensor SasaAttention::attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act) const {
-  if (!x.is_cpu()) return Tensor();  // (CUDA: the projection and the op, as before)
-  return ops::sasa_projected_attention(x, w, &v_bias, r_row_, r_col_, spec_, act);
+  // (CUDA, or an odd map to pool: the projection and the op, as before)
+  if (!x.is_cpu() || (stride_ == 2 && (x.dim(2) % 2 != 0 || x.dim(3) % 2 != 0))) return Tensor();
+  return ops::sasa_projected_attention(x, w, &v_bias, r_row_, r_col_, spec_, act, stride_ == 2);
 }
 
 void SasaAttention::describe(AttentionMaps& m, const Tensor& probs) const {

@@ -50,8 +50,9 @@ class QkvAttention : public Module, public Quantizable {
   virtual Tensor attend(const Tensor& qkv, Tensor* probs) const = 0;
   // attend() for inference with `act` on the output (a separate pass unless the op applies it).
   virtual Tensor attend_act(const Tensor& qkv, Act act) const { return ops::activation(attend(qkv, nullptr), act); }
-  // act(attention of the projection w of x, plus v_bias on each output channel) in one op, with no
-  // qkv tensor in between; undefined where the layer has no such op for x's device.
+  // act(attention of the projection w of x, plus v_bias on each output channel, then the layer's
+  // 2x2 average pool at stride 2) in one op, with no qkv tensor in between; undefined where the
+  // layer has no such op for x's device (or map).
   virtual Tensor attend_projected(const Tensor& /*x*/, const Tensor& /*w*/, const Tensor& /*v_bias*/,
                                   Act /*act*/) const {
     return Tensor();
