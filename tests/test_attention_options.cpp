@@ -499,6 +499,10 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
   CHECK_THROWS_WITH_AS(
       ops::sasa_projected_attention(x, Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), &bad_b, rr, rc, sp, Act::None),
       doctest::Contains("value bias"), relpos::Error);
+  // An empty batch gives an empty output (no chunk of zero images).
+  CHECK(ops::sasa_projected_attention(Tensor::zeros({0, 5, 4, 4}).channels_last(),
+                                      Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), nullptr, rr, rc, sp, Act::None)
+            .shape() == Shape({0, sp.channels_out(), 4, 4}));
   CHECK_THROWS_WITH_AS(ops::sasa_projected_attention(Tensor::zeros({1, 5, 3, 4}).channels_last(),
                                                      Tensor::zeros({sp.channels_qkv(), 5, 1, 1}), nullptr, rr, rc, sp,
                                                      Act::None, true),

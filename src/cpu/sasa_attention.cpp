@@ -287,6 +287,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
                "local attention projection: a 2x2 pool needs an even map, got " << H << "x" << W);
   const std::int64_t oh = pool2x2 ? H / 2 : H, ow = pool2x2 ? W / 2 : W;
   Tensor out({B, g.Co, oh, ow}, Device::CPU, Layout::ChannelsLast);
+  if (B == 0 || H == 0 || W == 0) return out;  // (an empty batch or map: nothing to chunk)
   const sasa::Kernels& kern = sasa::kernels(static_cast<int>(W));
   sasa::Planes p = planes_of(g, r_row, r_col, kern);
   p.relu = act == Act::ReLU;
