@@ -8,7 +8,9 @@
 // The work is done in planar form (sasa_planes.hpp): a chunk of images is spread from channels-
 // last into zero-padded channel planes, the vectorised kernels run over (image, head, row) in the
 // forward and (image, head) in the backward, and the backward's planes are gathered back into
-// channels-last. Every value is computed in one fixed order, whatever the thread count.
+// channels-last. Every value is computed in one fixed order, whatever the thread count. Inference
+// of a folded layer (sasa_projected_attention) skips the spread: its 1x1 projection writes the
+// planes itself.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -140,6 +142,17 @@ float* plane_buffer(const PlaneLayout& layout, std::int64_t floats, bool* clean)
   return entries.back().data.get();
 }
 
+// run(i, h, y) for the row pairs y = 0, 2, ... of every head of images [0, n), split over the
+// threads (when there are fewer (image, head) pairs than threads).
+template <typename Run>
+void for_row_pairs(std::int64_t n, int heads, int H, const Run& run) {
+  const int pairs = (H + 1) / 2;
+#pragma omp parallel for collapse(3) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int h = 0; h < heads; ++h)
+      for (int pr = 0; pr < pairs; ++pr) run(i, h, 2 * pr);
+}
+
 PlaneLayout plane_layout(int role, const sasa::Planes& p, std::int64_t C, std::int64_t n) {
   return {role, p.H, p.W, p.r, p.Wp, C, n};
 }
@@ -203,16 +216,12 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
     const std::int64_t n = std::min(G, g.B - b0);
     spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
-#pragma omp parallel for collapse(3) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i)
-      for (int h = 0; h < g.heads; ++h)
-        for (int pr = 0; pr < pairs; ++pr) {
-          const float* img = planes + i * g.Ct * P;
-          const int y = 2 * pr;
-          kern.forward_rows(p, img + p.q_channel(h) * P, img + p.k_channel(h) * P, img + p.v_channel(h) * P, h, y,
-                            std::min(2, p.H - y), out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i),
-                            scratch + omp_get_thread_num() * S);
-        }
+    for_row_pairs(n, g.heads, p.H, [&](std::int64_t i, int h, int y) {
+      const float* img = planes + i * g.Ct * P;
+      kern.forward_rows(p, img + p.q_channel(h) * P, img + p.k_channel(h) * P, img + p.v_channel(h) * P, h, y,
+                        std::min(2, p.H - y), out.data() + (b0 + i) * g.N * g.Co, probs_of(b0 + i),
+                        scratch + omp_get_thread_num() * S);
+    });
   }
   return out;
 }
@@ -266,10 +275,6 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   return grads;
 }
 
-}  // namespace relpos::cpu
-
-namespace relpos::cpu {
-
 Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
                                 const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2) {
   const Tensor x = as_channels_last(x_in);
@@ -315,7 +320,6 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   const int threads = omp_get_max_threads();
   const std::int64_t S = sasa::scratch_floats(p);
   float* scratch = thread_buffer(0, threads * S);
-  const int pairs = (p.H + 1) / 2;
   for (std::int64_t b0 = 0; b0 < B; b0 += G) {
     const std::int64_t n = std::min(G, B - b0);
     // The chunk's q, k and v planes: (Ct x n*H*W) = w (Ct x Cin) times the pixels (n*H*W x Cin)^T
@@ -334,10 +338,8 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
         for (int y = 0; y < p.H; y += 2)
           run(u / g.heads, static_cast<int>(u % g.heads), y, scratch + omp_get_thread_num() * S);
     } else {
-#pragma omp parallel for collapse(3) schedule(static)
-      for (std::int64_t i = 0; i < n; ++i)
-        for (int h = 0; h < g.heads; ++h)
-          for (int pr = 0; pr < pairs; ++pr) run(i, h, 2 * pr, scratch + omp_get_thread_num() * S);
+      for_row_pairs(n, g.heads, p.H,
+                    [&](std::int64_t i, int h, int y) { run(i, h, y, scratch + omp_get_thread_num() * S); });
     }
   }
   return out;
