@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <set>
@@ -133,6 +134,14 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["batch"] == 2);
   CHECK(j["img_per_s"].get<double>() > 0);
+  // the forward's multiply-adds per image (as relpos info counts them), and per second at the median
+  const double gmacs = j["forward_gmacs_per_image"].get<double>();
+  CHECK(gmacs > 0);
+  CHECK(j["forward_gmac_per_s"].get<double>() == doctest::Approx(gmacs * j["img_per_s"].get<double>()).epsilon(1e-9));
+  r = run("info " + tiny());
+  std::ostringstream want;
+  want << std::fixed << std::setprecision(2) << gmacs << " GMACs per image";
+  CHECK(r.out.find(want.str()) != std::string::npos);
   CHECK(relpos::SafetensorsFile::read(dir.file("l.safetensors")).tensor("logits").shape() == relpos::Shape{2, 10});
   r = run("bench -m " + tiny() + " --batch 2 --iters 1 --warmup 0 --train");
   CHECK(r.status == 0);

@@ -11,6 +11,8 @@ dynamic batch with --dynamic-batch). Then, per batch size, times in alternating 
 1, sequential, all graph optimizations) and OpenVINO (fp32, CPU, INFERENCE_NUM_THREADS = --threads,
 LATENCY hint, f32 precision hint) on the same batch, prints img/s of each and relpos's ratios, and
 checks that every engine's logits agree with PyTorch's (docs/attention.md: 1e-4 * max(1, max|ref|)).
+With more than one model, relpos's throughput per multiply-add of each against the first is then
+measured with the models timed in turn within each round (per_mac_comparison).
 An engine that is not installed is skipped with a one-line message.
     tools/bench/bench_cpu.sh [--models botnet26t_256 sasa_resnet26] [--batches 1 8] [--threads 2]
                              [--seconds 10] [--rounds 2] [--engines relpos torch onnxruntime openvino]
@@ -216,7 +218,46 @@ def bench_model(a, name, engines, tmp):
         ips = {e: batch * 1000 / statistics.median(v) for e, v in ms.items()}
         rows.append((batch, ips, diffs, tol))
         del runners
-    return what, rows
+    return what, rows, weights, (H, W)
+
+
+def per_mac_comparison(a, infos, tmp):
+    """relpos's throughput per multiply-add of each model against the first one's, the models timed in
+    turn within each round (the order reversed every other round), so that a host whose speed drifts
+    over the minutes of the main tables weighs on both alike. Prints one line per round and a table
+    of GMAC/s (forward multiply-adds over the median run, as relpos bench reports them) with the
+    median of the rounds' ratios."""
+    names = [n for n, _, _ in infos]
+    print(f"\nrelpos per multiply-add, the models timed in turn within each round ({a.rounds} rounds x "
+          f"{a.seconds:g} s each), GMAC/s:", flush=True)
+    table = []
+    for batch in a.batches:
+        rates = {n: [] for n in names}
+        gmacs = {}
+        for rnd in range(a.rounds):
+            order = infos if rnd % 2 == 0 else infos[::-1]
+            for name, weights, (H, W) in order:
+                inp = os.path.join(tmp, f"permac_{name}_{batch}.safetensors")
+                if not os.path.exists(inp):
+                    x = torch.randn(batch, 3, H, W, generator=torch.Generator().manual_seed(batch))
+                    save_file({"input": x}, inp)
+                r = time_relpos(a.relpos, weights, name, inp, a.threads, a.seconds,
+                                os.path.join(tmp, "permac_logits.safetensors"))
+                rates[name].append(r["forward_gmac_per_s"])
+                gmacs[name] = r["forward_gmacs_per_image"]
+            print(f"  batch {batch} round {rnd + 1}/{a.rounds}: " +
+                  ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names) + " GMAC/s", flush=True)
+        table.append((batch, rates, gmacs))
+    w = max(16, max(len(n) for n in names) + 2)
+    print(f"{'batch':>5} |" + "".join(f"{n:>{w}}" for n in names) + " | per multiply-add against " + names[0])
+    for batch, rates, gmacs in table:
+        line = f"{batch:>5} |" + "".join(f"{statistics.median(rates[n]):>{w}.1f}" for n in names) + " |"
+        for n in names[1:]:
+            per_round = [x / y for x, y in zip(rates[n], rates[names[0]])]
+            line += (f" {n} {statistics.median(per_round):.2f}x (rounds " +
+                     ", ".join(f"{q:.2f}x" for q in per_round) + ")")
+        print(line)
+    print(f"{'':>5} |" + "".join(f"{f'{gmacs[n]:.2f} GMACs':>{w}}" for n in names) + " | (per image)")
 
 
 def fmt_ratio(num, den):
@@ -283,9 +324,12 @@ def main():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models:
-            results.append((name, *bench_model(a, name, engines, tmp)))
-    for name, what, rows in results:
-        ok &= print_table(name, what, rows, engines, a)
+            what, rows, weights, size = bench_model(a, name, engines, tmp)
+            results.append((name, what, rows, weights, size))
+        for name, what, rows, _, _ in results:
+            ok &= print_table(name, what, rows, engines, a)
+        if len(results) > 1 and "relpos" in engines:
+            per_mac_comparison(a, [(n, wts, size) for n, _, _, wts, size in results], tmp)
     sys.exit(0 if ok else 1)
 
 

@@ -65,16 +65,21 @@ std::vector<double> time_runs(const BenchArgs& a, F&& fn) {
   return ms;
 }
 
+// macs_per_item: a model's forward multiply-adds per image (0 for the attention op alone), in the
+// JSON as forward_gmacs_per_image and forward_gmac_per_s (over the median run).
 void report(const BenchArgs& a, const std::string& what, std::int64_t items, const std::string& device,
-            const std::vector<double>& ms) {
+            const std::vector<double>& ms, double macs_per_item = 0.0) {
   const double median = ms[ms.size() / 2];
   const double n = static_cast<double>(items);
   if (a.json) {
-    std::cout << nlohmann::json{{"what", what},          {"batch", items},        {"threads", threads_in_use()},
-                                {"device", device},      {"iters", ms.size()},    {"median_ms", median},
-                                {"min_ms", ms.front()},  {"img_per_s", n * 1000.0 / median}, {"tf32", a.tf32}}
-                     .dump()
-              << "\n";
+    nlohmann::json j{{"what", what},          {"batch", items},        {"threads", threads_in_use()},
+                     {"device", device},      {"iters", ms.size()},    {"median_ms", median},
+                     {"min_ms", ms.front()},  {"img_per_s", n * 1000.0 / median}, {"tf32", a.tf32}};
+    if (macs_per_item > 0) {
+      j["forward_gmacs_per_image"] = macs_per_item / 1e9;
+      j["forward_gmac_per_s"] = macs_per_item * n / median / 1e6;
+    }
+    std::cout << j.dump() << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << threads_in_use()
               << " threads, " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
@@ -229,7 +234,9 @@ void run(const BenchArgs& a) {
     });
   }
   if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
-  report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms);
+  double macs = 0.0;  // forward multiply-adds per image
+  for (const auto& l : model.network().summarize(1)) macs += static_cast<double>(l.macs);
+  report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms, macs);
   if (a.profile) print_profile(a, model.network(), x.dim(0), ms.size());
 }
 }  // namespace
