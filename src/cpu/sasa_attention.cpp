@@ -328,18 +328,17 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
          P);
     // The kernels address padded (row, column) at row * W + column from their plane pointer.
     const auto plane = [&](std::int64_t i, std::int64_t c) { return planes + c * P + front + i * HW - lead; };
-    const auto run = [&](std::int64_t i, int h, int y, float* s) {
+    const auto run = [&](std::int64_t i, int h, int y) {
       kern.forward_rows(p, plane(i, p.q_channel(h)), plane(i, p.k_channel(h)), plane(i, p.v_channel(h)), h, y,
-                        std::min(2, p.H - y), out.data() + (b0 + i) * oh * ow * g.Co, nullptr, s);
+                        std::min(2, p.H - y), out.data() + (b0 + i) * oh * ow * g.Co, nullptr,
+                        scratch + omp_get_thread_num() * S);
     };
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)
       for (std::int64_t u = 0; u < n * g.heads; ++u)
-        for (int y = 0; y < p.H; y += 2)
-          run(u / g.heads, static_cast<int>(u % g.heads), y, scratch + omp_get_thread_num() * S);
+        for (int y = 0; y < p.H; y += 2) run(u / g.heads, static_cast<int>(u % g.heads), y);
     } else {
-      for_row_pairs(n, g.heads, p.H,
-                    [&](std::int64_t i, int h, int y) { run(i, h, y, scratch + omp_get_thread_num() * S); });
+      for_row_pairs(n, g.heads, p.H, run);
     }
   }
   return out;

@@ -142,6 +142,13 @@ void run_attention(const BenchArgs& a) {
          a.batch, to_string(dev), ms);
 }
 
+// The multiply-adds of a network's layers (Network::summarize's rows) summed.
+double total_macs(const std::vector<LayerRow>& layers) {
+  double m = 0.0;
+  for (const auto& l : layers) m += static_cast<double>(l.macs);
+  return m;
+}
+
 // The --profile table: per layer (stem, each block, head) its ops' milliseconds per run, the
 // share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond.
 void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, std::size_t runs) {
@@ -196,8 +203,7 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
   for (const auto& [op, ms] : ops)
     std::cout << "  " << std::left << std::setw(46) << op << std::right << std::fixed << std::setprecision(3)
               << std::setw(10) << ms / n << std::setprecision(1) << std::setw(7) << 100.0 * ms / total << "%\n";
-  double all_macs = 0.0;
-  for (const auto& l : layers) all_macs += static_cast<double>(l.macs);
+  const double all_macs = total_macs(layers);
   std::cout << std::setprecision(1) << "total " << std::setprecision(3) << total / n << " ms per run in ops, "
             << std::setprecision(2) << all_macs / 1e9 << " GMACs: " << std::setprecision(1)
             << all_macs / (total / n) / 1e6 << " GMAC/s" << (a.train ? " (forward multiply-adds only)" : "") << "\n";
@@ -234,9 +240,8 @@ void run(const BenchArgs& a) {
     });
   }
   if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
-  double macs = 0.0;  // forward multiply-adds per image
-  for (const auto& l : model.network().summarize(1)) macs += static_cast<double>(l.macs);
-  report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms, macs);
+  report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms,
+         total_macs(model.network().summarize(1)));
   if (a.profile) print_profile(a, model.network(), x.dim(0), ms.size());
 }
 }  // namespace
