@@ -65,6 +65,25 @@ TEST_CASE("tiny_botnet_96x64: eval logits from timm's parameters match timm") {
   });
 }
 
+TEST_CASE("Network::infer writes identity blocks' outputs over their inputs, never over the caller's") {
+  // infer() hands each block the previous one's output to overwrite (an identity shortcut's conv3
+  // adds onto it in place); infer_attention() keeps every block's input. Same logits, bit for bit,
+  // and the caller's input is untouched, also when it is already channels-last.
+  test::for_each_golden(kTiny, [](const SafetensorsFile& f, const std::string& label) {
+    Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));
+    load_golden_params(net, f);
+    for (const Tensor& input : {f.tensor("input"), f.tensor("input").channels_last()}) {
+      const std::vector<float> before = input.to_vector();
+      const Tensor logits = net.infer(input);
+      CHECK_MESSAGE(input.to_vector() == before, label);
+      Tensor kept;
+      (void)net.infer_attention(input, &kept);
+      CHECK_MESSAGE(logits.to_vector() == kept.to_vector(), label);
+      CHECK_MESSAGE(net.infer(input).to_vector() == logits.to_vector(), label);
+    }
+  });
+}
+
 TEST_CASE("tiny_botnet_96x64: param.* loads under timm's names and runs in eval mode") {
   test::for_each_golden(kTiny, [](const SafetensorsFile& f, const std::string&) {
     Network net(ModelConfig::load(test::source_dir() + "/models/tiny_botnet_96x64.json"));

@@ -37,8 +37,10 @@ class ResidualBlock : public Module {
   const Int8Conv* u8_input() const;
   // infer() from a float32 input or a u8 one (in u8_input()'s scale). The output is u8 in the
   // scale of `next` when this block can write it so (identity shortcut, ReLU, conv3 in int8,
-  // `next` takes u8), else float32.
-  BlockFlow infer_flow(const BlockFlow& in, const Int8Conv* next) const;
+  // `next` takes u8), else float32. With input_is_scratch the caller holds the input only to hand it
+  // over (a network passing one block's output to the next): an identity shortcut's conv3 then adds
+  // onto the input's storage and returns it as the output, instead of copying it first.
+  BlockFlow infer_flow(const BlockFlow& in, const Int8Conv* next, bool input_is_scratch = false) const;
 
  protected:
   // The layers between the block input and conv3_1x1, registered in timm's order.
@@ -54,7 +56,8 @@ class ResidualBlock : public Module {
 
  private:
   // infer(), and with maps given also infer_attention() (the body's modules named prefix + name).
-  Tensor infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const;
+  Tensor infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps,
+                         bool input_is_scratch = false) const;
   Tensor sum_;  // saved: the pre-activation sum, or for ReLU the output (same gradient mask)
 };
 

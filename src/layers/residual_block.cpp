@@ -40,7 +40,8 @@ Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix
   return infer_recording(x, &prefix, &maps);
 }
 
-Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps) const {
+Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps,
+                                      bool input_is_scratch) const {
   if (!maps && conv1_->int8()) return infer_flow({x, {}}, nullptr).f;
   const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
@@ -49,8 +50,9 @@ Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix
   } else {
     h = infer_body(h);
   }
-  // a projection shortcut's output is ours: conv3 adds onto it in place
-  return conv3_->infer(h, &sc, act_, shortcut_ != nullptr);
+  // a projection shortcut's output is ours, and so is the input the caller handed over: conv3 adds
+  // onto it in place (conv1 and the shortcut have read the input by now)
+  return conv3_->infer(h, &sc, act_, shortcut_ != nullptr || input_is_scratch);
 }
 
 Tensor ResidualBlock::infer_body(const Tensor& h) const {
@@ -64,9 +66,9 @@ const Int8Conv* ResidualBlock::u8_input() const {
   return c && !c->input_signed() ? c : nullptr;
 }
 
-BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) const {
+BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next, bool input_is_scratch) const {
   RELPOS_CHECK(in.f.defined() || u8_input(), "internal: a u8 input for a block that does not take one");
-  if (!conv1_->int8()) return {infer(in.f), {}};
+  if (!conv1_->int8()) return {infer_recording(in.f, nullptr, nullptr, input_is_scratch), {}};
   // the block input quantized once, for conv1 and for an int8 shortcut that takes the same
   const ops::QuantizedTensor qx = in.q.defined() ? in.q : conv1_->quantize_input(in.f);
   Tensor x = in.f;  // float32, made from the u8 input only where a float32 layer needs it
@@ -90,8 +92,9 @@ BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next) c
   }
   // u8 out, projection shortcut: conv3 adds its float32 output by a binary post-op
   if (u8_out && shortcut_) return {Tensor(), conv3_->infer_requantized_sum(conv3_input(), {nullptr, &sc}, act_, *next)};
-  // conv3 adds onto the shortcut's output in place when nobody else holds it (not the caller's input)
-  const bool own = shortcut_ != nullptr || !in.f.defined();
+  // conv3 adds onto the shortcut's output in place when nobody else holds it (not the caller's input,
+  // unless the caller handed it over)
+  const bool own = shortcut_ != nullptr || !in.f.defined() || input_is_scratch;
   if (body.q.defined()) return {conv3_->infer(body.q, &sc, act_, own), {}};
   return {conv3_->infer(body.f, &sc, act_, own), {}};
 }

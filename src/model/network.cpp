@@ -185,11 +185,14 @@ Tensor Network::infer(const Tensor& x) const {
     detail::ScopedLayer layer(m.stem_name);
     h = m.stem->infer_flow(x, u8_input(0));
   }
+  // h is the stem's output or the last block's, which nobody else holds, so a block may write its
+  // output over it (unless a stem without layers handed back the caller's x itself)
+  const bool stem_made_new = !h.f.defined() || h.f.data() != x.data();
   std::size_t k = 0;
   for (std::size_t i = 0; i < m.stages.size(); ++i)
     for (std::size_t j = 0; j < m.stages[i].size(); ++j, ++k) {
       detail::ScopedLayer layer(m.block_names[i][j]);
-      h = blocks[k]->infer_flow(h, u8_input(k + 1));
+      h = blocks[k]->infer_flow(h, u8_input(k + 1), k > 0 || stem_made_new);
     }
   detail::ScopedLayer layer(m.head_name);
   return m.head->infer(h.f);
