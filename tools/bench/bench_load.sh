@@ -2,7 +2,9 @@
 # relpos on a CPU shared with another busy process (issue: graceful under load). For each model,
 # with one competing busy-loop process running, times `relpos bench` with the default threads
 # (adaptive), with 1 thread, and with all cores forced (what the default was before), in
-# alternating rounds, and prints img/s and the ratio default / 1 thread (>= 1 is the goal). Each
+# alternating rounds (default and 1 thread swap places every other round: whichever ran first
+# after the previous model's all-cores run was slower in every round when the order was fixed),
+# and prints img/s and the ratio default / 1 thread (>= 1 is the goal). Each
 # measurement runs at least --iters runs and --seconds seconds (short runs of a small model mostly
 # time the start, not the setting).
 #   tools/bench/bench_load.sh [--rounds 3] [--iters 10] [--seconds 2] [--busy 1]
@@ -32,7 +34,9 @@ declare -A sum
 for model in botnet-fmnist botnet26t_256 sasa_resnet26; do
   m=models/$model.json
   for r in $(seq "$rounds"); do
-    for setting in default 1 all; do
+    order="default 1 all"
+    [ $((r % 2)) -eq 0 ] && order="1 default all"
+    for setting in $order; do
       case $setting in
         default) args=(); env_args=(env -u OMP_NUM_THREADS) ;;
         1) args=(--threads 1); env_args=(env -u OMP_NUM_THREADS) ;;
