@@ -2,9 +2,9 @@
 # relpos on a CPU shared with another busy process (issue: graceful under load). For each model,
 # with one competing busy-loop process running, times `relpos bench` with the default threads
 # (adaptive), with 1 thread, and with all cores forced (what the default was before), in
-# alternating rounds (default and 1 thread swap places every other round: whichever ran first
-# after the previous model's all-cores run was slower in every round when the order was fixed),
-# and prints img/s and the ratio default / 1 thread (>= 1 is the goal). Each
+# alternating rounds (default and 1 thread swap places every other round, so that neither is
+# always the one timed right after an all-cores run), and prints img/s and the ratio default /
+# 1 thread (>= 1 is the goal). Each
 # measurement runs at least --iters runs and --seconds seconds (short runs of a small model mostly
 # time the start, not the setting).
 #   tools/bench/bench_load.sh [--rounds 3] [--iters 10] [--seconds 2] [--busy 1]
