@@ -323,6 +323,12 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   const int pairs = (p.H + 1) / 2;
   for (std::int64_t b0 = 0; b0 < B; b0 += G) {
     const std::int64_t n = std::min(G, B - b0);
+    // The planes of the chunk's pixels [px0, px1): (Ct x pixels) = w (Ct x Cin) times the pixels
+    // (pixels x Cin)^T, by oneDNN's sgemm (single-threaded inside a parallel region).
+    const auto project = [&](std::int64_t px0, std::int64_t px1) {
+      gemm(false, true, g.Ct, px1 - px0, Cin, 1.0f, w.data(), Cin, x.data() + (b0 * HW + px0) * Cin, Cin, 0.0f,
+           planes + front + px0, P);
+    };
     // The kernels address padded (row, column) at row * W + column from their plane pointer.
     const auto plane = [&](std::int64_t i, std::int64_t c) { return planes + c * P + front + i * HW - lead; };
     const auto run = [&](std::int64_t i, int h, int y) {
@@ -343,21 +349,14 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       {
         const int T = omp_get_num_threads(), t = omp_get_thread_num();
         const std::int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
-        if (u0 < u1) {
-          const std::int64_t px0 = first_pixel(u0), px1 = u1 == units ? n * HW : first_pixel(u1);
-          gemm(false, true, g.Ct, px1 - px0, Cin, 1.0f, w.data(), Cin, x.data() + (b0 * HW + px0) * Cin, Cin, 0.0f,
-               planes + front + px0, P);
-        }
+        if (u0 < u1) project(first_pixel(u0), u1 == units ? n * HW : first_pixel(u1));
 #pragma omp barrier
         for (int h = 0; h < g.heads; ++h)
           for (std::int64_t u = u0; u < u1; ++u) run(u / pairs, h, static_cast<int>(2 * (u % pairs)));
       }
       continue;
     }
-    // The chunk's q, k and v planes: (Ct x n*H*W) = w (Ct x Cin) times the pixels (n*H*W x Cin)^T
-    // (oneDNN's sgemm, on every thread).
-    gemm(false, true, g.Ct, n * HW, Cin, 1.0f, w.data(), Cin, x.data() + b0 * HW * Cin, Cin, 0.0f, planes + front,
-         P);
+    project(0, n * HW);  // the whole chunk's planes, the sgemm on every thread
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)
       for (std::int64_t u = 0; u < n * g.heads; ++u)
