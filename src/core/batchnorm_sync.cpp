@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/dispatch.hpp"
+#include "cpu/cpu_ops.hpp"
 
 namespace relpos::detail {
 
@@ -93,7 +94,9 @@ Tensor synced_batchnorm_train(BatchNormSync& sync, const Tensor& x, const Tensor
   stats.eps = eps;
   stats.act = act;
   stats.global_count = static_cast<std::int64_t>(total);
-  // normalised with the global statistics: the inference op does exactly that
+  // normalised with the global statistics: on the CPU by the training op's own second half (the
+  // same rounding as one process), elsewhere by the inference op, which does exactly that
+  if (x.is_cpu()) return cpu::batchnorm_normalize_train(x, gamma, beta, act, stats);
   Tensor y = ops::batchnorm_infer(x, gamma, beta, stats.mean, stats.var, eps, Act::None);
   if (act == Act::None) {
     stats.aux = Tensor();
@@ -105,10 +108,15 @@ Tensor synced_batchnorm_train(BatchNormSync& sync, const Tensor& x, const Tensor
 
 ops::BatchNormGrads synced_batchnorm_backward(BatchNormSync& sync, const Tensor& x, const Tensor& gamma,
                                               const ops::BatchStats& stats, const Tensor& dy) {
-  const Tensor dy_pre = stats.act == Act::None ? dy : ops::activation_backward(stats.aux, dy, stats.act);
+  // the CPU's backward takes the activation's saved state as its forward left it; elsewhere the
+  // activation's gradient comes first
+  const bool cpu = x.is_cpu();
+  const Tensor dy_pre = cpu || stats.act == Act::None ? dy : ops::activation_backward(stats.aux, dy, stats.act);
   ops::BatchStats local_stats = stats;
-  local_stats.act = Act::None;
-  local_stats.aux = Tensor();
+  if (!cpu) {
+    local_stats.act = Act::None;
+    local_stats.aux = Tensor();
+  }
   local_stats.global_count = 0;
   // The backend's backward with the global mean and variance: dgamma and dbeta are this process's
   // sums, and dx = gamma inv_std (dy - dbeta / n - xhat dgamma / n) with this process's sums and count.

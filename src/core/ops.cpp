@@ -88,6 +88,18 @@ Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     return detail::synced_batchnorm_train(*sync, x, gamma, beta, running_mean, running_var, eps, momentum, act, stats);
   RELPOS_DISPATCH(x, batchnorm_train, x, gamma, beta, running_mean, running_var, eps, momentum, act, stats);
 }
+Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                           Tensor& running_var, float eps, float momentum, const Tensor& residual, Act act,
+                           BatchStats& stats) {
+  RELPOS_CHECK(act == Act::None || act == Act::ReLU, "internal: batch norm with a residual takes ReLU or none");
+  if (x.is_cpu() && !detail::batchnorm_sync()) {
+    same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var, &residual});
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("batchnorm_train_add", false);
+    return cpu::batchnorm_train_add(x, gamma, beta, running_mean, running_var, eps, momentum, &residual, act, stats);
+  }
+  return add(batchnorm_train(x, gamma, beta, running_mean, running_var, eps, momentum, Act::None, stats), residual, act);
+}
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats, const Tensor& dy) {
   same_device("batch norm backward", x, {&gamma, &dy});
   if (stats.global_count > 0) {

@@ -46,6 +46,12 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSp
 // `momentum` (running_var takes the unbiased batch variance). ReLU runs fused on the CPU.
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, float eps, float momentum, Act act, BatchStats& stats);
+// act(batch norm with batch statistics + residual), act ReLU or none: batchnorm_train with no
+// activation, then add(y, residual, act); on the CPU in one pass over the output. stats are those of
+// a batch norm without activation: the caller's backward undoes act.
+Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                           Tensor& running_var, float eps, float momentum, const Tensor& residual, Act act,
+                           BatchStats& stats);
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
 };

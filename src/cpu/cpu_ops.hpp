@@ -17,6 +17,17 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
 Tensor dequantize_activation(const ops::QuantizedTensor& q);
 // ops::activation_backward_sum for ReLU: (y > 0) (.) (dy_a + dy_b), in y's layout (elementwise.cpp).
 Tensor relu_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b);
+// ops::batchnorm_train_add on the CPU (batchnorm.cpp): act(batch norm + residual) in one pass over
+// the output; residual null: batchnorm_train. The backward is batchnorm_backward's with no
+// activation (the caller's own for act).
+Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                           Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,
+                           ops::BatchStats& stats);
+// The second half of batchnorm_train_add: act(batch norm with the statistics already in stats.mean
+// and stats.var [+ residual]), filling the rest of stats for batchnorm_backward. The synchronised
+// batch norm (core/batchnorm_sync.cpp) normalises with it, so it rounds as one process does.
+Tensor batchnorm_normalize_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Act act,
+                                 ops::BatchStats& stats, const Tensor* residual = nullptr);
 // Inference: act(local attention of the 1x1 projection w (Ct, Cin, 1, 1) of x, plus v_bias per output
 // channel, 2x2 average pooled with pool2x2) with no qkv tensor in between: sasa_attention.cpp.
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,

@@ -112,6 +112,14 @@ Tensor ConvNormAct::forward(const Tensor& x) {
   return ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, act_, stats_);
 }
 
+Tensor ConvNormAct::forward_add(const Tensor& x, const Tensor& residual, Act act) {
+  RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
+  RELPOS_CHECK(act_ == Act::None, "internal: " << name_ << " adds a residual after its own activation");
+  x_ = x;
+  y_ = ops::conv2d(x, weight_, nullptr, spec_);
+  return ops::batchnorm_train_add(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, residual, act, stats_);
+}
+
 Tensor ConvNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
   ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dy);

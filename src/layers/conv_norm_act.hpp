@@ -26,6 +26,9 @@ class ConvNormAct : public Module, public Quantizable {
   // (the caller no longer needs it).
   Tensor infer(const Tensor& x, const Tensor* residual, Act act, bool overwrite_residual = false) const;
   Tensor forward(const Tensor& x) override;
+  // Training, a layer without activation: act(bn(conv(x)) + residual), act ReLU or none, the sum
+  // and the activation in the batch norm's pass. backward() takes the gradient of the sum.
+  Tensor forward_add(const Tensor& x, const Tensor& residual, Act act);
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;
   void release_saved() override;

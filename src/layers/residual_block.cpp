@@ -103,9 +103,9 @@ Tensor ResidualBlock::forward(const Tensor& x) {
   const Tensor sc = shortcut_ ? shortcut_->forward(x) : x;
   Tensor h = conv1_->forward(x);
   for (auto& [name, m] : body()) h = m->forward(h);
-  // ReLU's gradient mask can come from its output, so add and ReLU run as one op; other
-  // activations keep the sum for their backward.
-  if (act_ == Act::ReLU) return sum_ = ops::add(conv3_->forward(h), sc, Act::ReLU);
+  // ReLU's gradient mask can come from its output, so conv3's batch norm, the add and the ReLU run
+  // as one op; other activations keep the sum for their backward.
+  if (act_ == Act::ReLU) return sum_ = conv3_->forward_add(h, sc, Act::ReLU);
   sum_ = ops::add(conv3_->forward(h), sc);
   return ops::activation(sum_, act_);
 }

@@ -1,0 +1,199 @@
+// Batch norm in training on the CPU (src/cpu/batchnorm.cpp and its kernels): the statistics, the
+// normalised output (with the fused ReLU and with a residual added before it) and the three
+// gradients against a double-precision reference, tightly; the same bits on any number of threads;
+// an accurate variance far from zero; NaN kept. ctest runs it at every SIMD level the CPU has
+// (RELPOS_SIMD), channel counts covering every chunk width of the kernels, and an output large
+// enough for the streaming stores.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/ops_internal.hpp"
+#include "relpos/runtime.hpp"
+#include "test_util.hpp"
+
+using namespace relpos;
+
+namespace {
+
+struct Case {
+  Shape shape;
+  float mean, spread;
+};
+
+Tensor filled(const Shape& s, std::mt19937& rng, float mean, float spread) {
+  std::normal_distribution<float> nd(mean, spread);
+  Tensor t(s, Device::CPU, s.size() == 4 ? Layout::ChannelsLast : Layout::Contiguous);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = nd(rng);
+  return t;
+}
+
+// Everything the op gives, from a double-precision evaluation of the definitions.
+struct Reference {
+  std::vector<double> mean, var, y, dx, dgamma, dbeta, dres;
+};
+
+// y = act(gamma (x - mean) / sqrt(var + eps) + beta [+ res]); dy is the output's gradient.
+Reference reference(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor* res, Act act,
+                    const Tensor& dy, float eps) {
+  const std::int64_t c = x.dim(1), rows = x.numel() / c;
+  const float* xp = x.data();
+  const float* dp = dy.data();
+  Reference r;
+  r.mean.assign(static_cast<std::size_t>(c), 0.0);
+  r.var.assign(r.mean.size(), 0.0);
+  r.y.resize(static_cast<std::size_t>(x.numel()));
+  r.dx.resize(r.y.size());
+  r.dres.resize(r.y.size());
+  r.dgamma.assign(r.mean.size(), 0.0);
+  r.dbeta.assign(r.mean.size(), 0.0);
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const auto u = static_cast<std::size_t>(ch);
+    double m = 0.0, v = 0.0;
+    for (std::int64_t i = 0; i < rows; ++i) m += xp[i * c + ch];
+    m /= static_cast<double>(rows);
+    for (std::int64_t i = 0; i < rows; ++i) v += (xp[i * c + ch] - m) * (xp[i * c + ch] - m);
+    v /= static_cast<double>(rows);
+    r.mean[u] = m;
+    r.var[u] = v;
+    const double rstd = 1.0 / std::sqrt(v + eps), g = gamma.data()[ch], b = beta.data()[ch];
+    std::vector<double> gy(static_cast<std::size_t>(rows));  // gradient of the batch norm's output
+    double sg = 0.0, sgx = 0.0;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const auto k = static_cast<std::size_t>(i * c + ch);
+      const double xhat = (xp[k] - m) * rstd;
+      const double t = g * xhat + b + (res ? res->data()[k] : 0.0);
+      r.y[k] = act == Act::ReLU ? std::max(t, 0.0) : t;
+      const double d = act == Act::ReLU && t <= 0.0 ? 0.0 : dp[k];
+      r.dres[k] = d;
+      gy[static_cast<std::size_t>(i)] = d;
+      sg += d;
+      sgx += d * xhat;
+    }
+    r.dbeta[u] = sg;
+    r.dgamma[u] = sgx;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const auto k = static_cast<std::size_t>(i * c + ch);
+      const double xhat = (xp[k] - m) * rstd;
+      r.dx[k] = g * rstd * (gy[static_cast<std::size_t>(i)] - sg / rows - xhat * sgx / rows);
+    }
+  }
+  return r;
+}
+
+// max |got - ref| / max(floor, max |ref|)
+double rel_err(const float* got, const std::vector<double>& ref, double floor = 1.0) {
+  double d = 0.0, s = floor;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    d = std::max(d, std::fabs(got[i] - ref[i]));
+    s = std::max(s, std::fabs(ref[i]));
+  }
+  return d / s;
+}
+
+struct Run {
+  Tensor y, mean, var, running_mean, running_var, dx, dgamma, dbeta;
+};
+
+Run run(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor* res, Act act, const Tensor& dy) {
+  const std::int64_t c = x.dim(1);
+  Run o;
+  o.running_mean = Tensor::full({c}, 0.5f);
+  o.running_var = Tensor::full({c}, 2.0f);
+  ops::BatchStats st;
+  o.y = res ? ops::batchnorm_train_add(x, gamma, beta, o.running_mean, o.running_var, 1e-5f, 0.1f, *res, act, st)
+            : ops::batchnorm_train(x, gamma, beta, o.running_mean, o.running_var, 1e-5f, 0.1f, act, st);
+  o.mean = st.mean;
+  o.var = st.var;
+  // with a residual the caller undoes the activation: the batch norm gets the sum's gradient
+  Tensor g = dy;
+  if (res && act == Act::ReLU) g = ops::activation_backward(o.y, dy, Act::ReLU);
+  const ops::BatchNormGrads gr = ops::batchnorm_backward(x, gamma, st, g);
+  o.dx = gr.dx;
+  o.dgamma = gr.dgamma;
+  o.dbeta = gr.dbeta;
+  return o;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * 4) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("batch norm training: statistics, output and gradients match a double-precision reference") {
+  // channel counts through every chunk width (64, 32, 16, 8, 4, 1 and their sums), a mean far from
+  // zero (the variance must not cancel away), and 8 x 64 x 48 x 48 (4.5 MiB: streamed stores)
+  const std::vector<Case> cases{{{4, 3, 5, 7}, 0.0f, 1.0f},    {{3, 24, 6, 5}, 0.3f, 2.0f},
+                                {{2, 40, 9, 9}, -1.0f, 0.5f},  {{5, 64, 4, 4}, 0.0f, 1.0f},
+                                {{2, 125, 3, 5}, 2.0f, 1.5f},  {{2, 264, 4, 3}, 0.0f, 1.0f},
+                                {{6, 16, 8, 8}, 1000.0f, 1.0f}, {{8, 64, 48, 48}, 0.2f, 1.0f}};
+  std::mt19937 rng(5);
+  for (const Case& k : cases)
+    for (Act act : {Act::None, Act::ReLU})
+      for (bool with_res : {false, true}) {
+        CAPTURE(to_string(k.shape));
+        CAPTURE(to_string(act));
+        CAPTURE(with_res);
+        const std::int64_t c = k.shape[1];
+        const Tensor x = filled(k.shape, rng, k.mean, k.spread);
+        const Tensor gamma = filled({c}, rng, 1.0f, 0.3f), beta = filled({c}, rng, 0.0f, 0.5f);
+        const Tensor res = filled(k.shape, rng, 0.0f, 1.0f), dy = filled(k.shape, rng, 0.0f, 1.0f);
+        const Run o = run(x, gamma, beta, with_res ? &res : nullptr, act, dy);
+        const Reference r = reference(x, gamma, beta, with_res ? &res : nullptr, act, dy, 1e-5f);
+        // the mean to float rounding of its size; the variance relative to itself (also at mean 1000)
+        CHECK(rel_err(o.mean.data(), r.mean, std::max(1.0f, std::fabs(k.mean))) < 1e-6);
+        CHECK(rel_err(o.var.data(), r.var, 0.0) < 2e-6);
+        // PyTorch's form x * scale + (beta - mean * scale) rounds at the mean's size, |mean| / spread
+        // times the output's: so does timm's training
+        CHECK(rel_err(o.y.data(), r.y) < 2e-6 * std::max(1.0f, std::fabs(k.mean) / k.spread));
+        CHECK(rel_err(o.dx.data(), r.dx) < 2e-5);
+        CHECK(rel_err(o.dgamma.data(), r.dgamma) < 2e-5);
+        CHECK(rel_err(o.dbeta.data(), r.dbeta) < 2e-5);
+        const double n = static_cast<double>(x.numel() / c);
+        for (std::int64_t i = 0; i < c; ++i) {
+          const auto u = static_cast<std::size_t>(i);
+          CHECK(o.running_mean.data()[i] == doctest::Approx(0.9 * 0.5 + 0.1 * r.mean[u]).epsilon(1e-5));
+          CHECK(o.running_var.data()[i] == doctest::Approx(0.9 * 2.0 + 0.1 * r.var[u] * n / (n - 1)).epsilon(1e-5));
+        }
+      }
+}
+
+TEST_CASE("batch norm training gives the same bits on 1, 2 and 3 threads") {
+  std::mt19937 rng(9);
+  const Shape s{8, 48, 20, 20};
+  const Tensor x = filled(s, rng, 0.5f, 2.0f), res = filled(s, rng, 0.0f, 1.0f), dy = filled(s, rng, 0.0f, 1.0f);
+  const Tensor gamma = filled({48}, rng, 1.0f, 0.3f), beta = filled({48}, rng, 0.0f, 0.5f);
+  const int old = num_threads();
+  std::vector<Run> runs;
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    runs.push_back(run(x, gamma, beta, &res, Act::ReLU, dy));
+    runs.push_back(run(x, gamma, beta, nullptr, Act::ReLU, dy));
+  }
+  set_num_threads(old);
+  for (std::size_t i = 2; i < runs.size(); ++i) {
+    CAPTURE(i);
+    const Run &a = runs[i % 2], &b = runs[i];
+    CHECK(same_bits(a.y, b.y));
+    CHECK(same_bits(a.mean, b.mean));
+    CHECK(same_bits(a.var, b.var));
+    CHECK(same_bits(a.dx, b.dx));
+    CHECK(same_bits(a.dgamma, b.dgamma));
+    CHECK(same_bits(a.dbeta, b.dbeta));
+  }
+}
+
+TEST_CASE("batch norm training keeps a NaN: the ReLU does not turn it into 0") {
+  std::mt19937 rng(3);
+  Tensor x = filled({2, 20, 3, 3}, rng, 0.0f, 1.0f);
+  x.data()[7] = std::nanf("");  // channel 7 of the first pixel
+  const Tensor gamma = Tensor::full({20}, 1.0f), beta = Tensor::zeros({20});
+  Tensor rm = Tensor::zeros({20}), rv = Tensor::full({20}, 1.0f);
+  ops::BatchStats st;
+  const Tensor y = ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::ReLU, st);
+  for (std::int64_t i = 0; i < y.numel() / 20; ++i) CHECK(std::isnan(y.data()[i * 20 + 7]));
+  CHECK(std::isnan(rm.data()[7]));
+  CHECK(std::isfinite(y.data()[6]));
+}
