@@ -197,3 +197,39 @@ TEST_CASE("batch norm training keeps a NaN: the ReLU does not turn it into 0") {
   CHECK(std::isnan(rm.data()[7]));
   CHECK(std::isfinite(y.data()[6]));
 }
+
+TEST_CASE("a projection shortcut's batch norm folded into the sum: act(bn(x) + bn_r(r)) and both backwards") {
+  std::mt19937 rng(21);
+  for (const Shape& s : {Shape{3, 24, 5, 6}, Shape{8, 64, 48, 48}})
+    for (Act act : {Act::None, Act::ReLU}) {
+      CAPTURE(to_string(s));
+      CAPTURE(to_string(act));
+      const std::int64_t c = s[1];
+      const Tensor x = filled(s, rng, 0.3f, 1.5f), r = filled(s, rng, -0.5f, 2.0f), dy = filled(s, rng, 0.0f, 1.0f);
+      const Tensor gamma = filled({c}, rng, 1.0f, 0.3f), beta = filled({c}, rng, 0.0f, 0.5f);
+      const Tensor r_gamma = filled({c}, rng, 1.0f, 0.3f), r_beta = filled({c}, rng, 0.0f, 0.5f);
+      Tensor rm = Tensor::zeros({c}), rv = Tensor::full({c}, 1.0f), r_rm = Tensor::zeros({c}), r_rv = Tensor::full({c}, 1.0f);
+      ops::BatchStats st, r_st;
+      const Tensor y = ops::batchnorm_train_add_normed(x, gamma, beta, rm, rv, st, r, r_gamma, r_beta, r_rm, r_rv, r_st,
+                                                       1e-5f, 0.1f, act);
+      // the reference: the shortcut's normalised output in double, then the block's sum
+      const Tensor zeros = Tensor::zeros(s).channels_last();
+      const Reference rr = reference(r, r_gamma, r_beta, nullptr, Act::None, zeros, 1e-5f);
+      Tensor sc(s, Device::CPU, Layout::ChannelsLast);
+      for (std::int64_t i = 0; i < sc.numel(); ++i) sc.data()[i] = static_cast<float>(rr.y[static_cast<std::size_t>(i)]);
+      const Reference rx = reference(x, gamma, beta, &sc, act, dy, 1e-5f);
+      CHECK(rel_err(y.data(), rx.y) < 4e-6);
+      CHECK(rel_err(st.mean.data(), rx.mean) < 1e-6);
+      CHECK(rel_err(r_st.mean.data(), rr.mean) < 1e-6);
+      CHECK(rel_err(r_st.var.data(), rr.var, 0.0) < 2e-6);
+      // both batch norms get the sum's gradient
+      const Tensor g = act == Act::ReLU ? ops::activation_backward(y, dy, Act::ReLU) : dy;
+      const ops::BatchNormGrads gx = ops::batchnorm_backward(x, gamma, st, g);
+      const ops::BatchNormGrads gr = ops::batchnorm_backward(r, r_gamma, r_st, g);
+      const Reference rrg = reference(r, r_gamma, r_beta, nullptr, Act::None, g, 1e-5f);
+      CHECK(rel_err(gx.dx.data(), rx.dx) < 2e-5);
+      CHECK(rel_err(gx.dgamma.data(), rx.dgamma) < 2e-5);
+      CHECK(rel_err(gr.dx.data(), rrg.dx) < 2e-5);
+      CHECK(rel_err(gr.dbeta.data(), rrg.dbeta) < 2e-5);
+    }
+}

@@ -100,6 +100,24 @@ Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& b
   }
   return add(batchnorm_train(x, gamma, beta, running_mean, running_var, eps, momentum, Act::None, stats), residual, act);
 }
+Tensor batchnorm_train_add_normed(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                  Tensor& running_var, BatchStats& stats, const Tensor& r, const Tensor& r_gamma,
+                                  const Tensor& r_beta, Tensor& r_running_mean, Tensor& r_running_var,
+                                  BatchStats& r_stats, float eps, float momentum, Act act) {
+  RELPOS_CHECK(act == Act::None || act == Act::ReLU, "internal: batch norm with a residual takes ReLU or none");
+  if (x.is_cpu() && !detail::batchnorm_sync()) {
+    same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var, &r, &r_gamma, &r_beta, &r_running_mean,
+                                  &r_running_var});
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("batchnorm_train_add", false);
+    cpu::batchnorm_statistics(r, r_running_mean, r_running_var, eps, momentum, r_stats);
+    cpu::batchnorm_statistics(x, running_mean, running_var, eps, momentum, stats);
+    const cpu::NormedResidual normed{&r, &r_gamma, &r_beta, &r_stats};
+    return cpu::batchnorm_normalize_train(x, gamma, beta, act, stats, &normed);
+  }
+  const Tensor sc = batchnorm_train(r, r_gamma, r_beta, r_running_mean, r_running_var, eps, momentum, Act::None, r_stats);
+  return batchnorm_train_add(x, gamma, beta, running_mean, running_var, eps, momentum, sc, act, stats);
+}
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats, const Tensor& dy) {
   same_device("batch norm backward", x, {&gamma, &dy});
   if (stats.global_count > 0) {

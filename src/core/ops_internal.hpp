@@ -52,6 +52,13 @@ Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                            Tensor& running_var, float eps, float momentum, const Tensor& residual, Act act,
                            BatchStats& stats);
+// act(bn(x) + bn_r(r)), both with batch statistics, act ReLU or none: a projection shortcut's batch
+// norm folded into a residual block's sum, its output never written (on the CPU; elsewhere the two
+// ops and an add). stats and r_stats are those of two batch norms without activation.
+Tensor batchnorm_train_add_normed(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                  Tensor& running_var, BatchStats& stats, const Tensor& r, const Tensor& r_gamma,
+                                  const Tensor& r_beta, Tensor& r_running_mean, Tensor& r_running_var,
+                                  BatchStats& r_stats, float eps, float momentum, Act act);
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
 };

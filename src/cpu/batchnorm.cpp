@@ -112,43 +112,57 @@ const bn::Kernels& bn::kernels() {
   return k;
 }
 
-Tensor batchnorm_normalize_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Act act,
-                                 ops::BatchStats& stats, const Tensor* residual_in) {
-  const Tensor x = as_channels_last(x_in);
-  check_params(x, {&gamma, &beta, &stats.mean, &stats.var});
-  const std::int64_t c = x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
-  Tensor residual;
-  if (residual_in) {
-    RELPOS_CHECK(residual_in->shape() == x.shape(), "batch norm: residual " << residual_in->describe()
-                                                                            << " does not match input " << x.describe());
-    RELPOS_CHECK(act == Act::None || act == Act::ReLU, "internal: batch norm with a residual takes ReLU or none");
-    residual = as_channels_last(*residual_in);
-  }
-  stats.act = residual_in ? Act::None : act;  // after a residual the activation is the caller's to undo
-  // PyTorch's form, x * scale + shift; with a fused ReLU the backward recomputes its mask from x
-  // and these
-  const bool relu = act == Act::ReLU;
-  Tensor affine({2 * c});
-  float* scale = affine.data();
-  float* shift = affine.data() + c;
+namespace {
+// scale and shift of PyTorch's form, x * scale + shift, from gamma, beta and the statistics
+void affine_of(const Tensor& gamma, const Tensor& beta, const ops::BatchStats& stats, float* scale, float* shift) {
   const float* mean = stats.mean.data();
   const float* var = stats.var.data();
   const float* g = gamma.data();
   const float* bt = beta.data();
-  for (std::int64_t i = 0; i < c; ++i) {
+  for (std::int64_t i = 0; i < gamma.numel(); ++i) {
     scale[i] = static_cast<float>(g[i] / std::sqrt(static_cast<double>(var[i]) + stats.eps));
     shift[i] = bt[i] - mean[i] * scale[i];
   }
+}
+}  // namespace
+
+Tensor batchnorm_normalize_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Act act,
+                                 ops::BatchStats& stats, const NormedResidual* residual) {
+  const Tensor x = as_channels_last(x_in);
+  check_params(x, {&gamma, &beta, &stats.mean, &stats.var});
+  const std::int64_t c = x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
+  Tensor res;
+  std::vector<float> res_affine;
+  if (residual) {
+    RELPOS_CHECK(residual->x->shape() == x.shape(), "batch norm: residual " << residual->x->describe()
+                                                                            << " does not match input " << x.describe());
+    RELPOS_CHECK(act == Act::None || act == Act::ReLU, "internal: batch norm with a residual takes ReLU or none");
+    res = as_channels_last(*residual->x);
+    if (residual->gamma) {
+      check_params(res, {residual->gamma, residual->beta, &residual->stats->mean, &residual->stats->var});
+      res_affine.resize(static_cast<std::size_t>(2 * c));
+      affine_of(*residual->gamma, *residual->beta, *residual->stats, res_affine.data(), res_affine.data() + c);
+    }
+  }
+  stats.act = residual ? Act::None : act;  // after a residual the activation is the caller's to undo
+  // with a fused ReLU the backward recomputes its mask from x and these
+  const bool relu = act == Act::ReLU;
+  Tensor affine({2 * c});
+  float* scale = affine.data();
+  float* shift = affine.data() + c;
+  affine_of(gamma, beta, stats, scale, shift);
   const bn::Kernels& k = bn::kernels();
   const float* xp = x.data();
   Tensor y(x.shape(), Device::CPU, Layout::ChannelsLast);
   float* yp = y.data();
   const bool stream = stream_output(y);
-  const float* rp = residual_in ? residual.data() : nullptr;
+  const float* rp = residual ? res.data() : nullptr;
+  const float* rs = res_affine.empty() ? nullptr : res_affine.data();
+  const float* rb = res_affine.empty() ? nullptr : res_affine.data() + c;
   for_blocks(rows, c, [&](std::int64_t r0, std::int64_t n) {
-    k.normalize(xp + r0 * c, rp ? rp + r0 * c : nullptr, n, c, scale, shift, relu, stream, yp + r0 * c);
+    k.normalize(xp + r0 * c, rp ? rp + r0 * c : nullptr, n, c, scale, shift, rs, rb, relu, stream, yp + r0 * c);
   });
-  if (residual_in) {
+  if (residual) {
     stats.aux = Tensor();
     return y;
   }
@@ -164,11 +178,10 @@ Tensor batchnorm_normalize_train(const Tensor& x_in, const Tensor& gamma, const 
   return activation(y, act);
 }
 
-Tensor batchnorm_train_add(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                           Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,
-                           ops::BatchStats& stats) {
+void batchnorm_statistics(const Tensor& x_in, Tensor& running_mean, Tensor& running_var, float eps, float momentum,
+                          ops::BatchStats& stats) {
   const Tensor x = as_channels_last(x_in);
-  check_params(x, {&gamma, &beta, &running_mean, &running_var});
+  check_params(x, {&running_mean, &running_var});
   const std::int64_t c = x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
   RELPOS_CHECK(rows > 1, "batch norm in training needs more than one value per channel, got input "
                              << to_string(x.shape()));
@@ -211,7 +224,16 @@ Tensor batchnorm_train_add(const Tensor& x_in, const Tensor& gamma, const Tensor
     rm[i] = (1.0f - momentum) * rm[i] + momentum * mean[i];
     rv[i] = (1.0f - momentum) * rv[i] + momentum * var[i] * unbias;
   }
-  return batchnorm_normalize_train(x, gamma, beta, act, stats, residual);
+}
+
+Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                           Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,
+                           ops::BatchStats& stats) {
+  check_params(x, {&gamma, &beta});
+  batchnorm_statistics(x, running_mean, running_var, eps, momentum, stats);
+  if (!residual) return batchnorm_normalize_train(x, gamma, beta, act, stats);
+  const NormedResidual r{residual};
+  return batchnorm_normalize_train(x, gamma, beta, act, stats, &r);
 }
 
 Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,

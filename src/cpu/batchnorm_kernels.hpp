@@ -19,10 +19,12 @@ struct Kernels {
   // double.
   void (*stats)(const float* x, std::int64_t rows, std::int64_t c, const float* pivot, double* sum, double* sumsq);
   // y = t, or with relu (t < 0 ? 0 : t, NaN stays NaN), t = x * scale + shift (PyTorch's form:
-  // scale = gamma / sqrt(var + eps), shift = beta - mean * scale), plus res (same rows, or null)
-  // before the ReLU. stream: store past the caches where the build can.
+  // scale = gamma / sqrt(var + eps), shift = beta - mean * scale), plus before the ReLU a residual
+  // res (same rows, or null), itself as res * res_scale + res_shift where res_scale is not null (a
+  // projection shortcut's batch norm). stream: store past the caches where the build can.
   void (*normalize)(const float* x, const float* res, std::int64_t rows, std::int64_t c, const float* scale,
-                    const float* shift, bool relu, bool stream, float* y);
+                    const float* shift, const float* res_scale, const float* res_shift, bool relu, bool stream,
+                    float* y);
   // The backward's sums, added as stats does: to sum_dy[c] that of g, to sum_dyx[c] that of
   // g * (x - mean); g = dy, or with relu dy where the forward's t > 0 and 0 elsewhere.
   void (*grad_sums)(const float* x, const float* dy, std::int64_t rows, std::int64_t c, const float* mean,

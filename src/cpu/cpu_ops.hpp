@@ -17,17 +17,28 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
 Tensor dequantize_activation(const ops::QuantizedTensor& q);
 // ops::activation_backward_sum for ReLU: (y > 0) (.) (dy_a + dy_b), in y's layout (elementwise.cpp).
 Tensor relu_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b);
-// ops::batchnorm_train_add on the CPU (batchnorm.cpp): act(batch norm + residual) in one pass over
-// the output; residual null: batchnorm_train. The backward is batchnorm_backward's with no
-// activation (the caller's own for act).
+// Batch norm in training (batchnorm.cpp). The statistics half: stats.mean, stats.var (biased) and
+// stats.eps of x, running statistics updated with momentum.
+void batchnorm_statistics(const Tensor& x, Tensor& running_mean, Tensor& running_var, float eps, float momentum,
+                          ops::BatchStats& stats);
+// A residual added before the activation: x as it is, or with gamma set through a batch norm of its
+// own with the statistics in *stats (a projection shortcut's, folded into the sum).
+struct NormedResidual {
+  const Tensor* x;
+  const Tensor* gamma = nullptr;
+  const Tensor* beta = nullptr;
+  const ops::BatchStats* stats = nullptr;
+};
+// The normalising half: act(batch norm with the statistics in stats.mean and stats.var [+ the
+// residual]), filling the rest of stats for batchnorm_backward; with a residual, act is ReLU or none
+// and the backward is that of a batch norm without activation (the caller's own undoes act). The
+// synchronised batch norm (core/batchnorm_sync.cpp) normalises with it, so it rounds as one process.
+Tensor batchnorm_normalize_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Act act,
+                                 ops::BatchStats& stats, const NormedResidual* residual = nullptr);
+// ops::batchnorm_train_add: both halves (residual null: batchnorm_train).
 Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                            Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,
                            ops::BatchStats& stats);
-// The second half of batchnorm_train_add: act(batch norm with the statistics already in stats.mean
-// and stats.var [+ residual]), filling the rest of stats for batchnorm_backward. The synchronised
-// batch norm (core/batchnorm_sync.cpp) normalises with it, so it rounds as one process does.
-Tensor batchnorm_normalize_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Act act,
-                                 ops::BatchStats& stats, const Tensor* residual = nullptr);
 // Inference: act(local attention of the 1x1 projection w (Ct, Cin, 1, 1) of x, plus v_bias per output
 // channel, 2x2 average pooled with pool2x2) with no qkv tensor in between: sasa_attention.cpp.
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,

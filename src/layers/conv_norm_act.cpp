@@ -120,6 +120,20 @@ Tensor ConvNormAct::forward_add(const Tensor& x, const Tensor& residual, Act act
   return ops::batchnorm_train_add(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, residual, act, stats_);
 }
 
+Tensor ConvNormAct::forward_add(const Tensor& x, ConvNormAct& shortcut, const Tensor& shortcut_x, Act act) {
+  for (const ConvNormAct* l : {this, &shortcut}) {
+    RELPOS_CHECK(!l->int8_, l->name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
+    RELPOS_CHECK(l->act_ == Act::None, "internal: " << l->name_ << " adds a residual after its own activation");
+  }
+  shortcut.x_ = shortcut_x;
+  shortcut.y_ = ops::conv2d(shortcut_x, shortcut.weight_, nullptr, shortcut.spec_);
+  x_ = x;
+  y_ = ops::conv2d(x, weight_, nullptr, spec_);
+  return ops::batchnorm_train_add_normed(y_, gamma_, beta_, mean_, var_, stats_, shortcut.y_, shortcut.gamma_,
+                                         shortcut.beta_, shortcut.mean_, shortcut.var_, shortcut.stats_, kEps,
+                                         kMomentum, act);
+}
+
 Tensor ConvNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
   ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dy);

@@ -29,6 +29,10 @@ class ConvNormAct : public Module, public Quantizable {
   // Training, a layer without activation: act(bn(conv(x)) + residual), act ReLU or none, the sum
   // and the activation in the batch norm's pass. backward() takes the gradient of the sum.
   Tensor forward_add(const Tensor& x, const Tensor& residual, Act act);
+  // The same with a projection shortcut's layer (no activation either): act(bn(conv(x)) +
+  // shortcut's bn(conv(shortcut_x))), the shortcut's batch norm folded into this one's pass. Each
+  // layer's backward() then takes the gradient of the sum.
+  Tensor forward_add(const Tensor& x, ConvNormAct& shortcut, const Tensor& shortcut_x, Act act);
   Tensor backward(const Tensor& dy) override;
   void prepare_inference() override;
   void release_saved() override;

@@ -100,12 +100,17 @@ BlockFlow ResidualBlock::infer_flow(const BlockFlow& in, const Int8Conv* next, b
 }
 
 Tensor ResidualBlock::forward(const Tensor& x) {
+  // ReLU's gradient mask can come from its output, so conv3's batch norm (and a projection
+  // shortcut's), the add and the ReLU run as one op; other activations keep the sum for their
+  // backward.
+  if (act_ == Act::ReLU) {
+    Tensor h = conv1_->forward(x);
+    for (auto& [name, m] : body()) h = m->forward(h);
+    return sum_ = shortcut_ ? conv3_->forward_add(h, *shortcut_, x, Act::ReLU) : conv3_->forward_add(h, x, Act::ReLU);
+  }
   const Tensor sc = shortcut_ ? shortcut_->forward(x) : x;
   Tensor h = conv1_->forward(x);
   for (auto& [name, m] : body()) h = m->forward(h);
-  // ReLU's gradient mask can come from its output, so conv3's batch norm, the add and the ReLU run
-  // as one op; other activations keep the sum for their backward.
-  if (act_ == Act::ReLU) return sum_ = conv3_->forward_add(h, sc, Act::ReLU);
   sum_ = ops::add(conv3_->forward(h), sc);
   return ops::activation(sum_, act_);
 }
