@@ -233,3 +233,27 @@ TEST_CASE("a projection shortcut's batch norm folded into the sum: act(bn(x) + b
       CHECK(rel_err(gr.dbeta.data(), rrg.dbeta) < 2e-5);
     }
 }
+
+TEST_CASE("the backward of relu(bn(x) + residual) from two gradient terms: the same values as its parts") {
+  std::mt19937 rng(33);
+  for (const Shape& s : {Shape{3, 40, 5, 6}, Shape{8, 64, 48, 48}})
+    for (bool two_terms : {true, false}) {
+      CAPTURE(to_string(s));
+      CAPTURE(two_terms);
+      const std::int64_t c = s[1];
+      const Tensor x = filled(s, rng, 0.3f, 1.5f), res = filled(s, rng, 0.0f, 1.0f);
+      const Tensor dy_a = filled(s, rng, 0.0f, 1.0f), dy_b = two_terms ? filled(s, rng, 0.0f, 1.0f) : Tensor();
+      const Tensor gamma = filled({c}, rng, 1.0f, 0.3f), beta = filled({c}, rng, 0.0f, 0.5f);
+      Tensor rm = Tensor::zeros({c}), rv = Tensor::full({c}, 1.0f);
+      ops::BatchStats st;
+      const Tensor y = ops::batchnorm_train_add(x, gamma, beta, rm, rv, 1e-5f, 0.1f, res, Act::ReLU, st);
+      Tensor ds;
+      const ops::BatchNormGrads fused = ops::batchnorm_backward_relu_sum(x, gamma, st, y, dy_a, dy_b, ds);
+      const Tensor ds_parts = ops::activation_backward_sum(y, dy_a, dy_b, Act::ReLU);
+      const ops::BatchNormGrads parts = ops::batchnorm_backward(x, gamma, st, ds_parts);
+      CHECK(test::max_abs_diff(ds, ds_parts) == 0.0f);
+      CHECK(test::max_abs_diff(fused.dx, parts.dx) == 0.0f);
+      CHECK(test::max_abs_diff(fused.dgamma, parts.dgamma) == 0.0f);
+      CHECK(test::max_abs_diff(fused.dbeta, parts.dbeta) == 0.0f);
+    }
+}

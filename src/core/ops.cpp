@@ -127,6 +127,18 @@ BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const Ba
   }
   RELPOS_DISPATCH(x, batchnorm_backward, x, gamma, stats, dy);
 }
+BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                           const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds) {
+  if (x.is_cpu() && stats.global_count == 0) {
+    same_device("batch norm backward", x, {&gamma, &y, &dy_a});
+    if (dy_b.defined()) same_device("batch norm backward", x, {&dy_b});
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("batchnorm_backward_relu_sum", false);
+    return cpu::batchnorm_backward_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds);
+  }
+  ds = activation_backward_sum(y, dy_a, dy_b, Act::ReLU);
+  return batchnorm_backward(x, gamma, stats, ds);
+}
 Tensor activation(const Tensor& x, Act act) { RELPOS_DISPATCH(x, activation, x, act); }
 Tensor activation_backward(const Tensor& x, const Tensor& dy, Act act) {
   same_device("activation backward", x, {&dy});

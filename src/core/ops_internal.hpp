@@ -65,6 +65,12 @@ struct BatchNormGrads {
 // dy is the gradient of the activated output.
 BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
                                   const Tensor& dy);
+// The backward of relu(bn(x) + residual) = y (batchnorm_train_add with ReLU) whose gradient comes
+// as two terms dy_a + dy_b (dy_b may be undefined): ds = activation_backward_sum(y, dy_a, dy_b,
+// ReLU), the gradient of the sum and so of the residual, and the batch norm's gradients from it. On
+// the CPU the batch norm's first pass reads y, dy_a and dy_b instead of a ds written before.
+BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                           const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds);
 
 // An int8 convolution's weights (docs/int8.md): integers in [-127, 127] held in float32 storage,
 // a float scale per output channel, the float bias (batch norm folded in), and the static scale

@@ -241,6 +241,48 @@ Tensor batchnorm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   return batchnorm_train_add(x, gamma, beta, running_mean, running_var, eps, momentum, nullptr, act, stats);
 }
 
+namespace {
+
+// The backward's second pass, from the sums of g and g (x - mean) per channel: dgamma, dbeta and
+// dx = gamma rstd (g - dbeta / m - xhat dgamma / m), xhat = (x - mean) rstd, reading g from dy
+// (masked by the ReLU with relu, as the kernels do).
+ops::BatchNormGrads backward_from_sums(const Tensor& x, const Tensor& gamma, const ops::BatchStats& stats,
+                                       const Tensor& dy, bool relu, const float* scale, const float* shift,
+                                       const std::vector<double>& sg, const std::vector<double>& sgx) {
+  const std::int64_t c = x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
+  ops::BatchNormGrads out;
+  out.dgamma = Tensor({c});
+  out.dbeta = Tensor({c});
+  std::vector<float> a(static_cast<std::size_t>(c)), b(a.size()), d(a.size());
+  const float* g = gamma.data();
+  const float* var = stats.var.data();
+  const double m = static_cast<double>(rows);
+  for (std::int64_t i = 0; i < c; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const double rstd = 1.0 / std::sqrt(static_cast<double>(var[i]) + stats.eps);
+    const double dgamma = sgx[u] * rstd, ka = g[i] * rstd;
+    out.dgamma.data()[i] = static_cast<float>(dgamma);
+    out.dbeta.data()[i] = static_cast<float>(sg[u]);
+    a[u] = static_cast<float>(ka);
+    b[u] = static_cast<float>(-ka * rstd * dgamma / m);
+    d[u] = static_cast<float>(-ka * sg[u] / m);
+  }
+  out.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+  const bn::Kernels& k = bn::kernels();
+  const float* xp = x.data();
+  const float* dp = dy.data();
+  const float* mean = stats.mean.data();
+  float* dxp = out.dx.data();
+  const bool stream = stream_output(out.dx);
+  for_blocks(rows, c, [&](std::int64_t r0, std::int64_t n) {
+    k.grad_input(xp + r0 * c, dp + r0 * c, n, c, mean, scale, shift, relu, a.data(), b.data(), d.data(), stream,
+                 dxp + r0 * c);
+  });
+  return out;
+}
+
+}  // namespace
+
 ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma, const ops::BatchStats& stats,
                                        const Tensor& dy_in) {
   const Tensor x = as_channels_last(x_in);
@@ -264,32 +306,36 @@ ops::BatchNormGrads batchnorm_backward(const Tensor& x_in, const Tensor& gamma, 
   blocked_sums(rows, c, [&](std::int64_t r0, std::int64_t n, double* bg, double* bgx) {
     k.grad_sums(xp + r0 * c, dp + r0 * c, n, c, mean, scale, shift, relu, bg, bgx);
   }, sg, sgx);
-  ops::BatchNormGrads out;
-  out.dgamma = Tensor({c});
-  out.dbeta = Tensor({c});
-  std::vector<float> a(static_cast<std::size_t>(c)), b(a.size()), d(a.size());
-  const float* g = gamma.data();
-  const float* var = stats.var.data();
-  const double m = static_cast<double>(rows);
-  for (std::int64_t i = 0; i < c; ++i) {
-    const auto u = static_cast<std::size_t>(i);
-    const double rstd = 1.0 / std::sqrt(static_cast<double>(var[i]) + stats.eps);
-    const double dgamma = sgx[u] * rstd, ka = g[i] * rstd;
-    out.dgamma.data()[i] = static_cast<float>(dgamma);
-    out.dbeta.data()[i] = static_cast<float>(sg[u]);
-    // dx = gamma rstd (g - dbeta / m - xhat dgamma / m), xhat = (x - mean) rstd
-    a[u] = static_cast<float>(ka);
-    b[u] = static_cast<float>(-ka * rstd * dgamma / m);
-    d[u] = static_cast<float>(-ka * sg[u] / m);
-  }
-  out.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
-  float* dxp = out.dx.data();
-  const bool stream = stream_output(out.dx);
-  for_blocks(rows, c, [&](std::int64_t r0, std::int64_t n) {
-    k.grad_input(xp + r0 * c, dp + r0 * c, n, c, mean, scale, shift, relu, a.data(), b.data(), d.data(), stream,
-                 dxp + r0 * c);
-  });
-  return out;
+  return backward_from_sums(x, gamma, stats, dy, relu, scale, shift, sg, sgx);
+}
+
+ops::BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x_in, const Tensor& gamma, const ops::BatchStats& stats,
+                                                const Tensor& y_in, const Tensor& dy_a_in, const Tensor& dy_b_in,
+                                                Tensor& ds) {
+  const Tensor x = as_channels_last(x_in);
+  check_params(x, {&gamma, &stats.mean, &stats.var});
+  RELPOS_CHECK(stats.act == Act::None, "internal: a batch norm with its own activation before a residual sum");
+  for (const Tensor* t : {&y_in, &dy_a_in, &dy_b_in})
+    RELPOS_CHECK(!t->defined() || t->shape() == x.shape(), "batch norm backward: " << t->describe()
+                                                                                   << " does not match input "
+                                                                                   << x.describe());
+  const Tensor y = as_channels_last(y_in), a = as_channels_last(dy_a_in);
+  const Tensor b = dy_b_in.defined() ? as_channels_last(dy_b_in) : Tensor();
+  const std::int64_t c = x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
+  ds = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+  const bn::Kernels& k = bn::kernels();
+  const float* xp = x.data();
+  const float* yp = y.data();
+  const float* ap = a.data();
+  const float* bp = b.defined() ? b.data() : nullptr;
+  const float* mean = stats.mean.data();
+  float* sp = ds.data();
+  std::vector<double> sg, sgx;
+  blocked_sums(rows, c, [&](std::int64_t r0, std::int64_t n, double* bg, double* bgx) {
+    const std::int64_t o = r0 * c;
+    k.relu_grad_sums(xp + o, yp + o, ap + o, bp ? bp + o : nullptr, n, c, mean, sp + o, bg, bgx);
+  }, sg, sgx);
+  return backward_from_sums(x, gamma, stats, ds, false, mean, mean, sg, sgx);
 }
 
 }  // namespace relpos::cpu

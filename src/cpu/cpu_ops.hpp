@@ -35,6 +35,10 @@ struct NormedResidual {
 // synchronised batch norm (core/batchnorm_sync.cpp) normalises with it, so it rounds as one process.
 Tensor batchnorm_normalize_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Act act,
                                  ops::BatchStats& stats, const NormedResidual* residual = nullptr);
+// ops::batchnorm_backward_relu_sum on the CPU: the first pass reads y, dy_a and dy_b (may be
+// undefined) and writes ds = (y > 0) (dy_a + dy_b) as it sums.
+ops::BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma, const ops::BatchStats& stats,
+                                                const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds);
 // ops::batchnorm_train_add: both halves (residual null: batchnorm_train).
 Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                            Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,

@@ -136,7 +136,15 @@ Tensor ConvNormAct::forward_add(const Tensor& x, ConvNormAct& shortcut, const Te
 
 Tensor ConvNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  ops::BatchNormGrads bn = ops::batchnorm_backward(y_, gamma_, stats_, dy);
+  return conv_backward(ops::batchnorm_backward(y_, gamma_, stats_, dy));
+}
+
+Tensor ConvNormAct::backward_relu_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds) {
+  RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
+  return conv_backward(ops::batchnorm_backward_relu_sum(y_, gamma_, stats_, y, dy_a, dy_b, ds));
+}
+
+Tensor ConvNormAct::conv_backward(const ops::BatchNormGrads& bn) {
   dgamma_ = bn.dgamma;
   dbeta_ = bn.dbeta;
   ops::ConvGrads g = ops::conv2d_backward(x_, weight_, bn.dx, spec_, need_input_grad_);

@@ -34,6 +34,9 @@ class ConvNormAct : public Module, public Quantizable {
   // layer's backward() then takes the gradient of the sum.
   Tensor forward_add(const Tensor& x, ConvNormAct& shortcut, const Tensor& shortcut_x, Act act);
   Tensor backward(const Tensor& dy) override;
+  // After forward_add with ReLU, whose output y got the gradient dy_a + dy_b (dy_b may be
+  // undefined): the gradient of the sum into ds (the residual's gradient) and backward() of it.
+  Tensor backward_relu_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds);
   void prepare_inference() override;
   void release_saved() override;
   Shape summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const override;
@@ -64,6 +67,7 @@ class ConvNormAct : public Module, public Quantizable {
   static constexpr float kMomentum = 0.1f;
 
  private:
+  Tensor conv_backward(const ops::BatchNormGrads& bn);  // stores the gradients, returns d input
   int in_, out_, kernel_;
   ops::ConvSpec spec_;
   Act act_;

@@ -123,9 +123,14 @@ Tensor ResidualBlock::backward(const Tensor& dy) {
 
 std::pair<Tensor, Tensor> ResidualBlock::backward_terms(const Tensor& dy, const Tensor& dy2) {
   RELPOS_CHECK(sum_.defined(), "internal: backward() without forward()");
-  // for ReLU sum_ is the output: the same mask
-  const Tensor ds = ops::activation_backward_sum(sum_, dy, dy2, act_);
-  Tensor dh = conv3_->backward(ds);
+  // for ReLU sum_ is the output: the same mask, applied in conv3's batch-norm backward
+  Tensor ds, dh;
+  if (act_ == Act::ReLU) {
+    dh = conv3_->backward_relu_sum(sum_, dy, dy2, ds);
+  } else {
+    ds = ops::activation_backward_sum(sum_, dy, dy2, act_);
+    dh = conv3_->backward(ds);
+  }
   const auto layers = body();
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = it->second->backward(dh);
   dh = conv1_->backward(dh);
