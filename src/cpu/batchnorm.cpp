@@ -330,10 +330,11 @@ ops::BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x_in, const Tensor
   const float* bp = b.defined() ? b.data() : nullptr;
   const float* mean = stats.mean.data();
   float* sp = ds.data();
+  const bool stream = stream_output(ds);
   std::vector<double> sg, sgx;
   blocked_sums(rows, c, [&](std::int64_t r0, std::int64_t n, double* bg, double* bgx) {
     const std::int64_t o = r0 * c;
-    k.relu_grad_sums(xp + o, yp + o, ap + o, bp ? bp + o : nullptr, n, c, mean, sp + o, bg, bgx);
+    k.relu_grad_sums(xp + o, yp + o, ap + o, bp ? bp + o : nullptr, n, c, mean, stream, sp + o, bg, bgx);
   }, sg, sgx);
   return backward_from_sums(x, gamma, stats, ds, false, mean, mean, sg, sgx);
 }

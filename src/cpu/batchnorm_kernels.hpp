@@ -31,9 +31,10 @@ struct Kernels {
                     const float* scale, const float* shift, bool relu, double* sum_dy, double* sum_dyx);
   // grad_sums without activation for a batch norm whose output went into a residual sum and a
   // ReLU with output y: g = (y > 0) * (dy_a + dy_b) (dy_b may be null; a NaN term stays NaN), also
-  // written to g_out for the second pass and the residual's gradient.
+  // written to g_out for the second pass and the residual's gradient (streamed with stream).
   void (*relu_grad_sums)(const float* x, const float* y, const float* dy_a, const float* dy_b, std::int64_t rows,
-                         std::int64_t c, const float* mean, float* g_out, double* sum_dy, double* sum_dyx);
+                         std::int64_t c, const float* mean, bool stream, float* g_out, double* sum_dy,
+                         double* sum_dyx);
   // dx = g * a + (x - mean) * b + d, g as in grad_sums.
   void (*grad_input)(const float* x, const float* dy, std::int64_t rows, std::int64_t c, const float* mean,
                      const float* scale, const float* shift, bool relu, const float* a, const float* b,
