@@ -45,11 +45,17 @@ Tensor synced_batchnorm_train(BatchNormSync& sync, const Tensor& x, const Tensor
   const std::int64_t c = x.dim(1);
   const std::int64_t n = x.dim(0) * x.dim(2) * x.dim(3);
   // This process's mean and (unbiased) variance: what the backend's training forward leaves in
-  // copies of the running statistics with momentum 1. Its output is not used.
+  // copies of the running statistics with momentum 1 (on the CPU its statistics half alone; elsewhere
+  // the whole forward, whose output is not used).
   Tensor mean_local = running_mean.clone(), var_local = running_var.clone();
   {
     ops::BatchStats unused;
-    local_train(x, gamma, beta, mean_local, var_local, eps, 1.0f, Act::None, unused);
+    if (x.is_cpu()) {
+      apply_thread_setting();
+      cpu::batchnorm_statistics(x, mean_local, var_local, eps, 1.0f, unused);
+    } else {
+      local_train(x, gamma, beta, mean_local, var_local, eps, 1.0f, Act::None, unused);
+    }
   }
   const std::vector<float> lm = mean_local.to_vector(), lv = var_local.to_vector();
   const std::size_t cs = static_cast<std::size_t>(c), stride = 1 + 2 * cs;

@@ -193,8 +193,8 @@ void batchnorm_statistics(const Tensor& x_in, Tensor& running_mean, Tensor& runn
   {
     const std::int64_t samples = std::min<std::int64_t>(rows, 64);
     std::vector<double> acc(static_cast<std::size_t>(c), 0.0);
-    for (std::int64_t k = 0; k < samples; ++k) {
-      const float* xr = xp + (k * rows / samples) * c;
+    for (std::int64_t sample = 0; sample < samples; ++sample) {
+      const float* xr = xp + (sample * rows / samples) * c;
       for (std::int64_t i = 0; i < c; ++i) acc[static_cast<std::size_t>(i)] += xr[i];
     }
     for (std::int64_t i = 0; i < c; ++i)

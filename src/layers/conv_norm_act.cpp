@@ -105,30 +105,27 @@ ops::QuantizedTensor ConvNormAct::infer_requantized_sum(const ops::QuantizedTens
   return int8_->infer_requantized(x, spec_, next, residual);
 }
 
-Tensor ConvNormAct::forward(const Tensor& x) {
+void ConvNormAct::conv_forward(const Tensor& x, bool before_residual) {
   RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
+  RELPOS_CHECK(!before_residual || act_ == Act::None,
+               "internal: " << name_ << " adds a residual after its own activation");
   x_ = x;
   y_ = ops::conv2d(x, weight_, nullptr, spec_);
+}
+
+Tensor ConvNormAct::forward(const Tensor& x) {
+  conv_forward(x, false);
   return ops::batchnorm_train(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, act_, stats_);
 }
 
 Tensor ConvNormAct::forward_add(const Tensor& x, const Tensor& residual, Act act) {
-  RELPOS_CHECK(!int8_, name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
-  RELPOS_CHECK(act_ == Act::None, "internal: " << name_ << " adds a residual after its own activation");
-  x_ = x;
-  y_ = ops::conv2d(x, weight_, nullptr, spec_);
+  conv_forward(x, true);
   return ops::batchnorm_train_add(y_, gamma_, beta_, mean_, var_, kEps, kMomentum, residual, act, stats_);
 }
 
 Tensor ConvNormAct::forward_add(const Tensor& x, ConvNormAct& shortcut, const Tensor& shortcut_x, Act act) {
-  for (const ConvNormAct* l : {this, &shortcut}) {
-    RELPOS_CHECK(!l->int8_, l->name_ << ": an int8 layer cannot be trained (train the float model, then quantize it)");
-    RELPOS_CHECK(l->act_ == Act::None, "internal: " << l->name_ << " adds a residual after its own activation");
-  }
-  shortcut.x_ = shortcut_x;
-  shortcut.y_ = ops::conv2d(shortcut_x, shortcut.weight_, nullptr, shortcut.spec_);
-  x_ = x;
-  y_ = ops::conv2d(x, weight_, nullptr, spec_);
+  shortcut.conv_forward(shortcut_x, true);
+  conv_forward(x, true);
   return ops::batchnorm_train_add_normed(y_, gamma_, beta_, mean_, var_, stats_, shortcut.y_, shortcut.gamma_,
                                          shortcut.beta_, shortcut.mean_, shortcut.var_, shortcut.stats_, kEps,
                                          kMomentum, act);
