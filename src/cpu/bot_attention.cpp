@@ -3,19 +3,22 @@
 // Per image b and head h, with Q, K, V read in place from the channels-last qkv tensor (row
 // stride = qkv channels):
 //   qh = a * Q Rh^T  (N x rows_h),  qw = a * Q Rw^T  (N x rows_w)       [oneDNN sgemm]
-//   L  = s * Q K^T, then L[i, j] += qh[i, ry(i, j)] + qw[i, rx(i, j)]   [sgemm + expand kernel]
-//   A  = softmax(L) row-wise                                              [oneDNN softmax]
+//   L  = s * Q K^T                                                        [sgemm]
+//   A  = softmax(L + qh[i, ry(i, j)] + qw[i, rx(i, j)]) row-wise          [bot_softmax_kernels]
 //   O  = A V, written straight into the channels-last output              [sgemm]
 // The expansion reads each query's rows_h + rows_w table entries and adds them over the key
 // grid, so the position term costs N*(rows_h + rows_w)*d multiply-adds, never an N x N x d
 // gather. Work is split over (image, head, block of query rows).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include <omp.h>
 
 #include "core/attention_geometry.hpp"
+#include "cpu/bot_softmax_kernels.hpp"
+#include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "relpos/error.hpp"
@@ -65,26 +68,12 @@ inline void reduce_rel_row(const float* drow, float* dqh_row, float* dqw_row, in
   for (int xj = 0; xj < W; ++xj) dqw_row[clampi(xj - xi, -kw, kw) + kw] += alpha * colsum[xj];
 }
 
-// Row softmax in place through oneDNN, for blocks of `rows` x `cols`.
-class RowSoftmax {
- public:
-  RowSoftmax(std::int64_t rows, std::int64_t cols) : md_({rows, cols}, dt::f32, tag::ab) {
-    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md_, 1);
-    pd_ = dnnl::softmax_forward::primitive_desc(d, scratch_attr(), engine());
-    prim_ = dnnl::softmax_forward(pd_);
-  }
-  void run(float* p) const {
-    auto m = mem(md_, p);
-    execute(prim_, pd_.scratchpad_desc(), {{DNNL_ARG_SRC, m}, {DNNL_ARG_DST, m}});
-  }
-
- private:
-  dnnl::memory::desc md_;
-  dnnl::softmax_forward::primitive_desc pd_;
-  dnnl::softmax_forward prim_;
-};
-
 }  // namespace
+
+const bot::Kernels& bot::kernels() {
+  static const Kernels& k = avx512_kernels() ? avx512::kKernels : avx2_kernels() ? avx2::kKernels : generic::kKernels;
+  return k;
+}
 
 Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& pos_w,
                      const BotAttnSpec& spec, Tensor* probs) {
@@ -95,9 +84,7 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
 
   const std::int64_t blk = row_block(g.B * spec.heads, g.N);
   const std::int64_t nblk = (g.N + blk - 1) / blk;
-  const std::int64_t last_rows = g.N - (nblk - 1) * blk;
-  const RowSoftmax sm_full(blk, g.N);
-  const RowSoftmax sm_last(last_rows, g.N);
+  const bot::Kernels& rows_k = bot::kernels();
 
   // Absolute positions fold into the keys: s q.k + a q.P = q.(s k + a P).
   std::vector<float> kprime;
@@ -118,9 +105,10 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
   const std::int64_t tasks = g.B * spec.heads * nblk;
 #pragma omp parallel
   {
-    std::vector<float> logits(probs ? 0 : static_cast<std::size_t>(blk * g.N));
+    // (not value-initialised: the sgemm writes every logit before anything reads it)
+    const std::unique_ptr<float[]> logits(probs ? nullptr : new float[static_cast<std::size_t>(blk * g.N)]);
     std::vector<float> qh(static_cast<std::size_t>(blk * g.Th)), qw(static_cast<std::size_t>(blk * g.Tw));
-    std::vector<float> qwx(static_cast<std::size_t>(g.W));
+    std::vector<float> scratch(static_cast<std::size_t>(g.W + 16));
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / (spec.heads * nblk);
@@ -128,26 +116,22 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
       const std::int64_t i0 = (t % nblk) * blk;
       const std::int64_t rows = std::min(blk, g.N - i0);
       const float* q = g.q_ptr(qkv.data(), b, h) + i0 * g.Ct;
-      float* L = probs ? probs->data() + ((b * spec.heads + h) * g.N + i0) * g.N : logits.data();
+      float* L = probs ? probs->data() + ((b * spec.heads + h) * g.N + i0) * g.N : logits.get();
       if (spec.pos == PosEncoding::Absolute) {
         const float* kp = kprime.data() + ((b * spec.heads + h) * g.N) * spec.dqk;
         gemm(false, true, rows, g.N, spec.dqk, 1.0f, q, g.Ct, kp, spec.dqk, 0.0f, L, g.N);
       } else {
         gemm(false, true, rows, g.N, spec.dqk, g.s, q, g.Ct, g.k_ptr(qkv.data(), b, h), g.Ct, 0.0f, L, g.N);
       }
+      bot::RelTerms rel;
       if (spec.pos == PosEncoding::Relative) {
         gemm(false, true, rows, g.Th, spec.dqk, g.alpha_pos, q, g.Ct, g.table_h(pos_h.data(), h), spec.dqk,
              0.0f, qh.data(), g.Th);
         gemm(false, true, rows, g.Tw, spec.dqk, g.alpha_pos, q, g.Ct, g.table_w(pos_w.data(), h), spec.dqk,
              0.0f, qw.data(), g.Tw);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const std::int64_t i = i0 + r;
-          add_rel_row(L + r * g.N, qh.data() + r * g.Th, qw.data() + r * g.Tw, static_cast<int>(i / g.W),
-                      static_cast<int>(i % g.W), static_cast<int>(g.H), static_cast<int>(g.W), g.kh, g.kw,
-                      qwx.data());
-        }
+        rel = {qh.data(), qw.data(), g.Th, g.Tw, g.kh, g.kw};
       }
-      (rows == blk ? sm_full : sm_last).run(L);
+      rows_k.rel_softmax_rows(L, rows, i0, g.H, g.W, rel, scratch.data());
       gemm(false, false, rows, spec.dv, g.N, 1.0f, L, g.N, g.v_ptr(qkv.data(), b, h), g.Ct, 0.0f,
            out.data() + (b * g.N + i0) * g.Co + h * spec.dv, g.Co);
     }
