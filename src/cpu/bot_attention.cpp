@@ -108,7 +108,7 @@ Tensor bot_attention(const Tensor& qkv_in, const Tensor& pos_h, const Tensor& po
     // (not value-initialised: the sgemm writes every logit before anything reads it)
     const std::unique_ptr<float[]> logits(probs ? nullptr : new float[static_cast<std::size_t>(blk * g.N)]);
     std::vector<float> qh(static_cast<std::size_t>(blk * g.Th)), qw(static_cast<std::size_t>(blk * g.Tw));
-    std::vector<float> scratch(static_cast<std::size_t>(g.W + 16));
+    std::vector<float> scratch(static_cast<std::size_t>(bot::scratch_floats(g.H, g.W)));
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / (spec.heads * nblk);

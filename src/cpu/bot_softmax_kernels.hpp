@@ -26,13 +26,19 @@ struct RelTerms {
 struct Kernels {
   // Rows r = 0 .. rows - 1 of L (H * W logits each, row stride H * W) belong to queries i0 + r,
   // query i at (i / W, i % W): adds the terms where rel.qh is set, then replaces each row by its
-  // softmax. A NaN logit makes its row NaN. scratch: W + 16 floats.
+  // softmax. A NaN logit makes its row NaN. scratch: scratch_floats(H, W) floats.
   void (*rel_softmax_rows)(float* L, std::int64_t rows, std::int64_t i0, std::int64_t H, std::int64_t W,
                            const RelTerms& rel, float* scratch);
   const char* name;
 };
 
 const Kernels& kernels();
+
+// Scratch a call needs (the widest build's: 16 lanes).
+inline std::int64_t scratch_floats(std::int64_t H, std::int64_t W) {
+  const std::int64_t n = H * W;
+  return 32 + 2 * (n + 16) + W;
+}
 
 namespace generic {
 extern const Kernels kKernels;
