@@ -440,6 +440,33 @@ void pool_linear_loss_cases(std::vector<OpCase>& out) {
     c.reference = [sp](const std::vector<Tensor>& in) { return std::vector<Tensor>{ref_pool(in[0], sp)}; };
     out.push_back(std::move(c));
   }
+  for (const int stride : {1, 2}) {
+    OpCase c;
+    c.covers = {"concat_channels"};
+    c.name = "concat_channels stride " + std::to_string(stride);
+    // stride 2 from an odd-sized map (5x7 -> 3x4); stride 1 with b in the contiguous layout
+    c.inputs = {rnd({2, 3, 3, 4}, 40, 1.0f, Layout::ChannelsLast),
+                stride == 2 ? rnd({2, 5, 5, 7}, 41, 1.0f, Layout::ChannelsLast) : rnd({2, 5, 3, 4}, 41)};
+    c.run = [stride](const std::vector<Tensor>& in, const Tensor&) {
+      return OpRun{{ops::concat_channels(in[0], in[1], stride)}, {}};
+    };
+    c.reference = [stride](const std::vector<Tensor>& in) {
+      const Vec a = in[0].to_vector(), b = in[1].to_vector();
+      const std::int64_t n = in[0].dim(0), ca = in[0].dim(1), h = in[0].dim(2), w = in[0].dim(3);
+      const std::int64_t cb = in[1].dim(1), hb = in[1].dim(2), wb = in[1].dim(3);
+      Vec y;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t ch = 0; ch < ca + cb; ++ch)
+          for (std::int64_t yy = 0; yy < h; ++yy)
+            for (std::int64_t x = 0; x < w; ++x)
+              y.push_back(ch < ca ? a[static_cast<std::size_t>(((i * ca + ch) * h + yy) * w + x)]
+                                  : b[static_cast<std::size_t>(((i * cb + ch - ca) * hb + yy * stride) * wb + x * stride)]);
+      return std::vector<Tensor>{Tensor::from_vector({n, ca + cb, h, w}, y)};
+    };
+    c.tol_reference = 0.0f;
+    c.tol_parity = 0.0f;
+    out.push_back(std::move(c));
+  }
   {
     OpCase c;
     c.covers = {"global_avg_pool", "global_avg_pool_backward"};

@@ -57,6 +57,12 @@ Tensor activation_backward(const Tensor& x, const Tensor& dy, Act act);
 Tensor add(const Tensor& a, const Tensor& b, Act act = Act::None);
 // a += b (same shape and layout)
 void add_inplace(Tensor& a, const Tensor& b);
+// The channels of a and then those of b, per pixel: (N, Ca + Cb, H, W), channels-last, from a
+// (N, Ca, H, W) and b (N, Cb, Hb, Wb) read at every b_stride-th row and column from the first (the
+// pixels a 1x1 convolution of that stride reads), so (Hb - 1) / b_stride + 1 == H, likewise W.
+// A residual block's conv3 and projection shortcut run as one convolution over it
+// (src/layers/residual_block.cpp).
+Tensor concat_channels(const Tensor& a, const Tensor& b, int b_stride = 1);
 
 enum class PoolKind : std::uint8_t { Max, Avg };
 struct PoolSpec {

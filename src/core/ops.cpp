@@ -162,6 +162,15 @@ void add_inplace(Tensor& a, const Tensor& b) {
   same_device("add", a, {&b});
   RELPOS_DISPATCH(a, add_inplace, a, b);
 }
+Tensor concat_channels(const Tensor& a, const Tensor& b, int b_stride) {
+  same_device("concat_channels", a, {&b});
+  RELPOS_CHECK(a.ndim() == 4 && b.ndim() == 4 && a.dim(0) == b.dim(0),
+               "concat_channels: inputs must be (N, C, H, W) with one N, got " << a.describe() << " and " << b.describe());
+  RELPOS_CHECK(b_stride >= 1 && (b.dim(2) - 1) / b_stride + 1 == a.dim(2) && (b.dim(3) - 1) / b_stride + 1 == a.dim(3),
+               "concat_channels: " << b.describe() << " at stride " << b_stride << " does not give the map of "
+                                   << a.describe());
+  RELPOS_DISPATCH(a, concat_channels, a, b, b_stride);
+}
 Tensor pool2d(const Tensor& x, const PoolSpec& spec) { RELPOS_DISPATCH(x, pool2d, x, spec); }
 Tensor pool2d_backward(const Tensor& x, const Tensor& dy, const PoolSpec& spec) {
   same_device("pool backward", x, {&dy});

@@ -12,4 +12,6 @@ void observe_input(const std::string& layer, const Tensor& x) {
   if (current) current->observe(layer, x);
 }
 
+bool observing() { return current != nullptr; }
+
 }  // namespace relpos::detail

@@ -19,5 +19,7 @@ class ActivationObserver {
 void set_activation_observer(ActivationObserver* observer);
 // The layers' side: hands x to the calling thread's observer, if any.
 void observe_input(const std::string& layer, const Tensor& x);
+// Whether the calling thread has an observer (layers that would merge their inputs keep them apart).
+bool observing();
 
 }  // namespace relpos::detail

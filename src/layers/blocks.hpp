@@ -59,6 +59,11 @@ class ResidualBlock : public Module {
   Tensor infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps,
                          bool input_is_scratch = false) const;
   Tensor sum_;  // saved: the pre-activation sum, or for ReLU the output (same gradient mask)
+  // float32 inference on the CPU, for the projection shortcuts where it is faster
+  // (merges_shortcut()): conv3 and the shortcut as one 1x1 convolution over the channels of conv3's
+  // input and of the shortcut's (subsampled) input, weights [W3 | Wsc], bias b3 + bsc.
+  Tensor merged_w_, merged_b_;
+  mutable OpCache merged_cache_;
 };
 
 class BottleneckBlock : public ResidualBlock {

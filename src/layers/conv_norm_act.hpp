@@ -60,6 +60,11 @@ class ConvNormAct : public Module, public Quantizable {
   using Module::init;  // the one-argument form stays visible
   void init(Init& init, bool zero_gamma);
   int out_channels() const { return out_; }
+  int in_channels() const { return in_; }
+  int stride() const { return spec_.stride; }
+  // Inference's weights and bias with the batch norm folded in (prepare_inference()).
+  const Tensor& folded_weight() const { return folded_w_; }
+  const Tensor& folded_bias() const { return folded_b_; }
   // The first layer of a network needs no input gradient.
   void set_need_input_grad(bool need) { need_input_grad_ = need; }
 

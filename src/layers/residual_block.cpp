@@ -1,7 +1,28 @@
+#include <cstdlib>
+#include <cstring>
+
+#include "layers/activation_observer.hpp"
 #include "layers/blocks.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
+
+namespace {
+
+// Whether a block runs conv3 and its projection shortcut as one convolution over both inputs
+// (ResidualBlock::merged_w_). oneDNN's 1x1 convolutions of stride 2 read their input at a stride;
+// from 512 input channels on, gathering the shortcut's pixels next to conv3's input and running
+// one convolution is faster (tools/bench/README.md, 2026-11-26: stage 3 of botnet26t_256 1.14x to
+// 1.18x at batch 1 and 8), below that and at stride 1 it is not (0.84x to 1.02x). RELPOS_MERGE_SHORTCUT=1
+// merges every projection shortcut, 0 none (for tests and measurements).
+bool merges_shortcut(int in_channels, int stride) {
+  static const char* env = std::getenv("RELPOS_MERGE_SHORTCUT");
+  if (env && std::strcmp(env, "1") == 0) return true;
+  if (env && std::strcmp(env, "0") == 0) return false;
+  return stride == 2 && in_channels >= 512;
+}
+
+}  // namespace
 
 int make_divisible(double v, int divisor) {
   int nv = std::max(divisor, static_cast<int>(v + divisor / 2.0) / divisor * divisor);
@@ -43,12 +64,21 @@ Tensor ResidualBlock::infer_attention(const Tensor& x, const std::string& prefix
 Tensor ResidualBlock::infer_recording(const Tensor& x, const std::string* prefix, std::vector<AttentionMaps>* maps,
                                       bool input_is_scratch) const {
   if (!maps && conv1_->int8()) return infer_flow({x, {}}, nullptr).f;
-  const Tensor sc = shortcut_ ? shortcut_->infer(x) : x;
+  // conv3 and the shortcut merged: not while calibration observes each layer's own input, nor once
+  // either layer runs in int8
+  const bool merged = merged_w_.defined() && merged_w_.device() == x.device() && !detail::observing() &&
+                      !shortcut_->int8() && !conv3_->int8();
+  const Tensor sc = shortcut_ && !merged ? shortcut_->infer(x) : x;
   Tensor h = conv1_->infer(x);
   if (maps) {
     for (auto& [name, m] : body()) h = m->infer_attention(h, *prefix + name + ".", *maps);
   } else {
     h = infer_body(h);
+  }
+  if (merged) {
+    const ops::ConvSpec one{1, 0};
+    return ops::conv2d(ops::concat_channels(h, x, shortcut_->stride()), merged_w_, &merged_b_, one, {nullptr, act_},
+                       &merged_cache_);
   }
   // a projection shortcut's output is ours, and so is the input the caller handed over: conv3 adds
   // onto it in place (conv1 and the shortcut have read the input by now)
@@ -142,6 +172,24 @@ void ResidualBlock::prepare_inference() {
   conv1_->prepare_inference();
   for (auto& [name, m] : body()) m->prepare_inference();
   conv3_->prepare_inference();
+  merged_w_ = merged_b_ = Tensor();
+  merged_cache_.clear();
+  if (!shortcut_ || !shortcut_->folded_weight().defined() || !conv3_->folded_weight().defined() ||
+      !shortcut_->folded_weight().is_cpu() || !merges_shortcut(shortcut_->in_channels(), shortcut_->stride()))
+    return;
+  // [W3 | Wsc] per output channel, b3 + bsc
+  const std::vector<float> w3 = conv3_->folded_weight().to_vector(), ws = shortcut_->folded_weight().to_vector();
+  const std::vector<float> b3 = conv3_->folded_bias().to_vector(), bs = shortcut_->folded_bias().to_vector();
+  const std::size_t out = b3.size(), mid = w3.size() / out, in = ws.size() / out;
+  std::vector<float> w(out * (mid + in)), b(out);
+  for (std::size_t o = 0; o < out; ++o) {
+    std::copy(w3.begin() + o * mid, w3.begin() + (o + 1) * mid, w.begin() + o * (mid + in));
+    std::copy(ws.begin() + o * in, ws.begin() + (o + 1) * in, w.begin() + o * (mid + in) + mid);
+    b[o] = b3[o] + bs[o];
+  }
+  const auto n = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  merged_w_ = Tensor::from_vector({n(out), n(mid + in), 1, 1}, w);
+  merged_b_ = Tensor::from_vector({n(out)}, b);
 }
 
 void ResidualBlock::quantizables(std::vector<Quantizable*>& out) {
