@@ -2,6 +2,10 @@
 // sets the flags for this file only); kernels() calls them only on a CPU that has both.
 #include <cstdint>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "cpu/bot_softmax_kernels.hpp"
 
 namespace relpos::cpu::bot::avx2 {
