@@ -2,7 +2,7 @@
 # One call on a lent GPU machine (docs/gpu.md): relpos binaries built on the Debian machine by
 # tools/gpu/build_for_device.sh (.devdeps/bin) run here against the Debian runtime libraries
 # carried in .devdeps/lib.tar.xz and the machine's own CUDA, cuBLAS and cuDNN (Python wheels).
-#   tools/gpu/device_session.sh tests cputests profile bench   (output under $OUT)
+#   tools/gpu/device_session.sh tests memcheck-ops cputests profile bench   (output under $OUT)
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -47,6 +47,10 @@ for step in "$@"; do
       echo "== compute-sanitizer --tool racecheck (attention, SASA, batch norm)"
       LD_LIBRARY_PATH="$libpath" timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
         .devdeps/bin/test_cuda -tc="*attention*,*SASA*,batch norm*" 2>&1 | tail -3 | tee -a "$OUT/sanitize.txt" ;;
+    memcheck-ops)
+      # compute-sanitizer memcheck over the whole table of op cases (every op of the backend contract)
+      LD_LIBRARY_PATH="$libpath" timeout "${MEMCHECK_SECONDS:-180}" compute-sanitizer --tool memcheck --print-limit 5 \
+        --error-exitcode 9 .devdeps/bin/test_cuda -tc="every case*" 2>&1 | tail -25 | tee "$OUT/memcheck_ops.txt" ;;
     cputests)
       for t in .devdeps/bin/test_*; do
         [ "$(basename "$t")" = test_cuda ] && continue
