@@ -191,6 +191,9 @@ void conv_cases(std::vector<OpCase>& out) {
   // backward: no bias or epilogue (conv2d_backward is the convolution's own gradient)
   for (const Shp& s : {Shp{{2, 3, 5, 5}, 4, 3, 1, 1, 1}, Shp{{2, 4, 7, 7}, 6, 3, 2, 1, 2}, Shp{{2, 4, 6, 6}, 4, 1, 2, 0, 1},
                        Shp{{2, 2, 6, 6}, 3, 5, 1, 2, 1}, Shp{{1, 6, 5, 9}, 6, 3, 1, 1, 6},
+                       // 1x1 over several images: the CPU folds the batch into the height, at stride
+                       // 2 only where the height is even (the second must not fold)
+                       Shp{{3, 5, 4, 7}, 6, 1, 1, 0, 1}, Shp{{2, 4, 7, 6}, 4, 1, 2, 0, 1}, Shp{{3, 4, 6, 5}, 5, 1, 2, 0, 1},
                        // channels in whole SIMD blocks: the CPU runs these in oneDNN's blocked layout
                        Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1},
                        // 3x3 stride 1 with channels in multiples of 8: Winograd on AVX2, forward and
