@@ -270,7 +270,10 @@ void conv_cases(std::vector<OpCase>& out) {
   for (const WinogradShp& s : {WinogradShp{{2, 16, 7, 6}, 24, true, Act::ReLU}, WinogradShp{{3, 8, 9, 13}, 40, false, Act::None},
                                WinogradShp{{1, 24, 5, 5}, 8, true, Act::None},
                                WinogradShp{{4, 64, 21, 19}, 32, true, Act::ReLU},
-                               WinogradShp{{2, 32, 50, 53}, 48, true, Act::ReLU}}) {
+                               WinogradShp{{2, 32, 50, 53}, 48, true, Act::ReLU},
+                               // 8 mod 16 input channels, 16 output: AVX-512 with a half vector
+                               // (the stem's 24 -> 32)
+                               WinogradShp{{2, 24, 13, 11}, 32, true, Act::ReLU}, WinogradShp{{1, 40, 9, 9}, 16, false, Act::None}}) {
     OpCase c;
     c.covers = {"conv2d"};
     const ops::ConvSpec sp{1, 1, 1};

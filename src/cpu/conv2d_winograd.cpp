@@ -22,9 +22,11 @@ constexpr int kPos = 36;  // positions in the transformed tile
 constexpr double G[kIn][3] = {{1.0 / 4, 0, 0},         {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
                               {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6},  {0, 0, 1}};
 
-// The AVX-512 build for these channel counts, else the AVX2 one.
-const KernelSet& kernels_for(std::int64_t in, std::int64_t out) {
-  return avx512_kernels() && in % 16 == 0 && out % 16 == 0 ? avx512::kKernels : avx2::kKernels;
+// The AVX-512 build for these channel counts, else the AVX2 one. The forward takes input channels in
+// multiples of 8 there too (the last vector of its input transform half full: the stem's 24 -> 32
+// convolution); the weight gradient needs whole vectors on both sides.
+const KernelSet& kernels_for(std::int64_t in, std::int64_t out, bool forward = false) {
+  return avx512_kernels() && in % (forward ? 8 : 16) == 0 && out % 16 == 0 ? avx512::kKernels : avx2::kKernels;
 }
 
 }  // namespace
@@ -34,7 +36,7 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
   auto wt = std::make_shared<Weights>();
   wt->in = in;
   wt->out = out;
-  wt->lanes = kernels_for(in, out).lanes;
+  wt->lanes = kernels_for(in, out, true).lanes;
   const std::int64_t cols = 2 * wt->lanes;
   wt->out_pad = (out + cols - 1) / cols * cols;
   const std::int64_t blocks = wt->out_pad / cols;
