@@ -11,16 +11,16 @@ namespace {
 
 // Whether a block runs conv3 and its projection shortcut as one convolution over both inputs
 // (ResidualBlock::merged_w_). oneDNN's 1x1 convolutions of stride 2 read their input at a stride;
-// from 512 input channels on, gathering the shortcut's pixels next to conv3's input and running
+// from 256 input channels on, gathering the shortcut's pixels next to conv3's input and running
 // one convolution is faster (tools/bench/README.md, 2026-11-26: botnet26t_256's stage 2.0 1.10x to
-// 1.18x at batch 1 and 8, stage 3.0 1.02x to 1.07x at batch 1); below that and at stride 1 it is not
-// (0.84x to 1.02x). RELPOS_MERGE_SHORTCUT=1 merges every projection shortcut, 0 none (for tests and
-// measurements).
+// 1.18x at batch 1 and 8, stage 3.0 1.02x to 1.07x at batch 1; stage 1.0, 256 channels, 1.02x to
+// 1.06x once 1x1 convolutions fold the batch into the height); at stride 1 it is not (0.84x at batch
+// 8). RELPOS_MERGE_SHORTCUT=1 merges every projection shortcut, 0 none (for tests and measurements).
 bool merges_shortcut(int in_channels, int stride) {
   static const char* env = std::getenv("RELPOS_MERGE_SHORTCUT");
   if (env && std::strcmp(env, "1") == 0) return true;
   if (env && std::strcmp(env, "0") == 0) return false;
-  return stride == 2 && in_channels >= 512;
+  return stride == 2 && in_channels >= 256;
 }
 
 }  // namespace
