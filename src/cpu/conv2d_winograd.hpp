@@ -8,9 +8,10 @@
 // twice: with AVX2 + FMA, 8 lanes (conv2d_winograd_avx2.cpp), and with AVX-512, 16 lanes
 // (conv2d_winograd_avx512.cpp). conv2d() calls them only where the CPU has AVX2 and FMA
 // (available()); the AVX-512 build runs where the CPU has AVX-512 (cpu_features.hpp) and both channel
-// counts are multiples of 16 (in the forward, input channels in multiples of 8). tools/bench/README.md has the measurements and the accuracy against
-// the direct convolution; RELPOS_WINOGRAD=0 turns them off (oneDNN's direct convolution then runs,
-// as for every other shape), RELPOS_SIMD=avx2 keeps the AVX2 build.
+// counts are multiples of 16 (in the forward, input channels in multiples of 8).
+// tools/bench/README.md has the measurements and the accuracy against the direct convolution;
+// RELPOS_WINOGRAD=0 turns them off (oneDNN's direct convolution then runs, as for every other
+// shape), RELPOS_SIMD=avx2 keeps the AVX2 build.
 #pragma once
 
 #include <cstddef>
