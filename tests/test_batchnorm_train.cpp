@@ -5,11 +5,14 @@
 // (RELPOS_SIMD), channel counts covering every chunk width of the kernels, and an output large
 // enough for the streaming stores.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/ops_internal.hpp"
+#include "cpu/cpu_features.hpp"
+#include "cpu/cpu_ops.hpp"
 #include "relpos/runtime.hpp"
 #include "test_util.hpp"
 
@@ -25,6 +28,14 @@ struct Case {
 Tensor filled(const Shape& s, std::mt19937& rng, float mean, float spread) {
   std::normal_distribution<float> nd(mean, spread);
   Tensor t(s, Device::CPU, s.size() == 4 ? Layout::ChannelsLast : Layout::Contiguous);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = nd(rng);
+  return t;
+}
+
+// Convolution weights: (O, C, kh, kw), contiguous.
+Tensor weights(const Shape& s, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 0.2f);
+  Tensor t(s, Device::CPU, Layout::Contiguous);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = nd(rng);
   return t;
 }
@@ -256,4 +267,76 @@ TEST_CASE("the backward of relu(bn(x) + residual) from two gradient terms: the s
       CHECK(test::max_abs_diff(fused.dgamma, parts.dgamma) == 0.0f);
       CHECK(test::max_abs_diff(fused.dbeta, parts.dbeta) == 0.0f);
     }
+}
+
+TEST_CASE("a 1x1 convolution's gradients fused into its batch norm's backward: the values of the two ops in turn") {
+  // conv_x -> 1x1 convolution (w) -> x -> batch norm [+ ReLU, or + residual and ReLU]: the fused
+  // kernels (AVX-512; the composition under RELPOS_SIMD=avx2 or generic) against batchnorm_backward
+  // and oneDNN's conv2d_backward. Input channel counts cover the kernels' column groups of 4, 3, 2
+  // and 1 vectors; row counts leave partial row tiles and a partial last block of 64 rows.
+  std::mt19937 rng(35);
+  struct Shp {
+    std::int64_t n, ic, oc, h, w;
+  };
+  const ops::ConvSpec spec{1, 0, 1};
+  int fused_cases = 0;
+  for (const Shp& s : {Shp{3, 16, 32, 5, 7}, Shp{2, 32, 16, 9, 11}, Shp{4, 112, 48, 6, 5}, Shp{2, 80, 64, 13, 3},
+                       Shp{1, 96, 128, 7, 7}, Shp{8, 64, 64, 14, 14}})
+    for (int variant = 0; variant < 4; ++variant) {  // act None, ReLU, residual sum (two terms, one term)
+      CAPTURE(s.n);
+      CAPTURE(s.ic);
+      CAPTURE(s.oc);
+      CAPTURE(variant);
+      const Tensor conv_x = filled({s.n, s.ic, s.h, s.w}, rng, 0.2f, 1.0f);
+      const Tensor w = weights({s.oc, s.ic, 1, 1}, rng);
+      const Tensor x = ops::conv2d(conv_x, w, nullptr, spec);
+      const Tensor gamma = filled({s.oc}, rng, 1.0f, 0.3f), beta = filled({s.oc}, rng, 0.0f, 0.5f);
+      Tensor rm = Tensor::zeros({s.oc}), rv = Tensor::full({s.oc}, 1.0f);
+      const Shape ys{s.n, s.oc, s.h, s.w};
+      const Tensor dy_a = filled(ys, rng, 0.0f, 1.0f), dy_b = variant == 2 ? filled(ys, rng, 0.0f, 1.0f) : Tensor();
+      ops::BatchStats st;
+      ops::BatchNormConvGrads got;
+      ops::BatchNormGrads bn;
+      Tensor ds, ds_parts;
+      if (variant < 2) {
+        const Act act = variant == 0 ? Act::None : Act::ReLU;
+        (void)ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, act, st);
+        got = ops::batchnorm_conv_backward(x, gamma, st, dy_a, conv_x, w, spec, true);
+        bn = ops::batchnorm_backward(x, gamma, st, dy_a);
+      } else {
+        const Tensor res = filled(ys, rng, 0.0f, 1.0f);
+        const Tensor y = ops::batchnorm_train_add(x, gamma, beta, rm, rv, 1e-5f, 0.1f, res, Act::ReLU, st);
+        got = ops::batchnorm_relu_sum_conv_backward(x, gamma, st, y, dy_a, dy_b, ds, conv_x, w, spec, true);
+        bn = ops::batchnorm_backward_relu_sum(x, gamma, st, y, dy_a, dy_b, ds_parts);
+        CHECK(test::max_abs_diff(ds, ds_parts) == 0.0f);
+      }
+      const ops::ConvGrads conv = ops::conv2d_backward(conv_x, w, bn.dx, spec, true);
+      CHECK(test::max_abs_diff(got.dgamma, bn.dgamma) == 0.0f);
+      CHECK(test::max_abs_diff(got.dbeta, bn.dbeta) == 0.0f);
+      test::check_close(got.dw, conv.dw, 2e-5f * std::max(1.0f, test::max_abs(conv.dw)), "dw");
+      test::check_close(got.dx, conv.dx, 2e-5f * std::max(1.0f, test::max_abs(conv.dx)), "dx");
+      CHECK(got.dx.layout() == Layout::ChannelsLast);
+      if (cpu::conv1x1_grads_fit(x, conv_x, w, spec)) ++fused_cases;
+    }
+  // without the input gradient, and a convolution the kernels do not take (stride 2): the same values
+  const Tensor conv_x = filled({2, 32, 8, 8}, rng, 0.0f, 1.0f), w = weights({16, 32, 1, 1}, rng);
+  for (const ops::ConvSpec sp : {ops::ConvSpec{1, 0, 1}, ops::ConvSpec{2, 0, 1}}) {
+    const Tensor x = ops::conv2d(conv_x, w, nullptr, sp);
+    const Tensor gamma = filled({16}, rng, 1.0f, 0.3f), beta = filled({16}, rng, 0.0f, 0.5f);
+    Tensor rm = Tensor::zeros({16}), rv = Tensor::full({16}, 1.0f);
+    ops::BatchStats st;
+    (void)ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::ReLU, st);
+    const Tensor dy = filled(x.shape(), rng, 0.0f, 1.0f);
+    const auto got = ops::batchnorm_conv_backward(x, gamma, st, dy, conv_x, w, sp, sp.stride == 2);
+    const auto bn = ops::batchnorm_backward(x, gamma, st, dy);
+    const auto conv = ops::conv2d_backward(conv_x, w, bn.dx, sp, sp.stride == 2);
+    test::check_close(got.dw, conv.dw, 2e-5f * std::max(1.0f, test::max_abs(conv.dw)), "dw");
+    CHECK(got.dx.defined() == (sp.stride == 2));
+    if (got.dx.defined()) CHECK(test::max_abs_diff(got.dx, conv.dx) == 0.0f);
+    CHECK_FALSE(cpu::conv1x1_grads_fit(x, conv_x, w, ops::ConvSpec{2, 0, 1}));
+  }
+  // the fused kernels ran wherever this CPU and build have them (not under RELPOS_SIMD=avx2 or generic)
+  const char* simd = std::getenv("RELPOS_SIMD");
+  if (relpos::cpu::avx512_kernels()) CHECK(fused_cases == 24);
+  MESSAGE(fused_cases << " of 24 cases through the fused kernels (RELPOS_SIMD=" << std::string(simd ? simd : "") << ")");
 }

@@ -139,6 +139,34 @@ BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma,
   ds = activation_backward_sum(y, dy_a, dy_b, Act::ReLU);
   return batchnorm_backward(x, gamma, stats, ds);
 }
+BatchNormConvGrads batchnorm_conv_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                           const Tensor& dy, const Tensor& conv_x, const Tensor& w,
+                                           const ConvSpec& spec, bool need_dx) {
+  if (x.is_cpu() && stats.global_count == 0 && cpu::conv1x1_grads_fit(x, conv_x, w, spec)) {
+    same_device("batch norm backward", x, {&gamma, &dy, &conv_x, &w});
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("batchnorm_conv1x1_backward", false);
+    return cpu::batchnorm_conv1x1_backward(x, gamma, stats, dy, conv_x, w, need_dx);
+  }
+  BatchNormGrads bn = batchnorm_backward(x, gamma, stats, dy);
+  ConvGrads cg = conv2d_backward(conv_x, w, bn.dx, spec, need_dx);
+  return {std::move(bn.dgamma), std::move(bn.dbeta), std::move(cg.dw), std::move(cg.dx)};
+}
+BatchNormConvGrads batchnorm_relu_sum_conv_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                                    const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                                                    Tensor& ds, const Tensor& conv_x, const Tensor& w,
+                                                    const ConvSpec& spec, bool need_dx) {
+  if (x.is_cpu() && stats.global_count == 0 && cpu::conv1x1_grads_fit(x, conv_x, w, spec)) {
+    same_device("batch norm backward", x, {&gamma, &y, &dy_a, &conv_x, &w});
+    if (dy_b.defined()) same_device("batch norm backward", x, {&dy_b});
+    detail::apply_thread_setting();
+    const detail::OpTimer timer("batchnorm_relu_sum_conv1x1_backward", false);
+    return cpu::batchnorm_relu_sum_conv1x1_backward(x, gamma, stats, y, dy_a, dy_b, ds, conv_x, w, need_dx);
+  }
+  BatchNormGrads bn = batchnorm_backward_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds);
+  ConvGrads cg = conv2d_backward(conv_x, w, bn.dx, spec, need_dx);
+  return {std::move(bn.dgamma), std::move(bn.dbeta), std::move(cg.dw), std::move(cg.dx)};
+}
 Tensor activation(const Tensor& x, Act act) { RELPOS_DISPATCH(x, activation, x, act); }
 Tensor activation_backward(const Tensor& x, const Tensor& dy, Act act) {
   same_device("activation backward", x, {&dy});

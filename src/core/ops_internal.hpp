@@ -72,6 +72,25 @@ BatchNormGrads batchnorm_backward(const Tensor& x, const Tensor& gamma, const Ba
 BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
                                            const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds);
 
+// The backward of a convolution followed by a batch norm, x = conv(conv_x, w) and bn(x) with the
+// statistics in stats: the batch norm's dgamma and dbeta, the convolution's dw and (with need_dx)
+// dx. Where the CPU's fused kernels take the convolution (cpu::conv1x1_grads_fit: 1x1, stride 1,
+// channels in multiples of 16, AVX-512) the batch norm's input gradient is made block by block and
+// handed to the convolution's two products while it is in the caches, never written whole;
+// elsewhere batchnorm_backward and conv2d_backward run in turn.
+struct BatchNormConvGrads {
+  Tensor dgamma, dbeta, dw, dx;
+};
+BatchNormConvGrads batchnorm_conv_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                           const Tensor& dy, const Tensor& conv_x, const Tensor& w,
+                                           const ConvSpec& spec, bool need_dx);
+// The same after batchnorm_train_add with ReLU: the batch norm's part as batchnorm_backward_relu_sum
+// (ds is written).
+BatchNormConvGrads batchnorm_relu_sum_conv_backward(const Tensor& x, const Tensor& gamma, const BatchStats& stats,
+                                                    const Tensor& y, const Tensor& dy_a, const Tensor& dy_b,
+                                                    Tensor& ds, const Tensor& conv_x, const Tensor& w,
+                                                    const ConvSpec& spec, bool need_dx);
+
 // An int8 convolution's weights (docs/int8.md): integers in [-127, 127] held in float32 storage,
 // a float scale per output channel, the float bias (batch norm folded in), and the static scale
 // the input is quantized with: q = saturate(round(x / input_scale)) in u8 (an input that is never

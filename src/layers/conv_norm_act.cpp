@@ -133,19 +133,19 @@ Tensor ConvNormAct::forward_add(const Tensor& x, ConvNormAct& shortcut, const Te
 
 Tensor ConvNormAct::backward(const Tensor& dy) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  return conv_backward(ops::batchnorm_backward(y_, gamma_, stats_, dy));
+  return keep(ops::batchnorm_conv_backward(y_, gamma_, stats_, dy, x_, weight_, spec_, need_input_grad_));
 }
 
 Tensor ConvNormAct::backward_relu_sum(const Tensor& y, const Tensor& dy_a, const Tensor& dy_b, Tensor& ds) {
   RELPOS_CHECK(x_.defined(), "internal: backward() without forward()");
-  return conv_backward(ops::batchnorm_backward_relu_sum(y_, gamma_, stats_, y, dy_a, dy_b, ds));
+  return keep(ops::batchnorm_relu_sum_conv_backward(y_, gamma_, stats_, y, dy_a, dy_b, ds, x_, weight_, spec_,
+                                                    need_input_grad_));
 }
 
-Tensor ConvNormAct::conv_backward(const ops::BatchNormGrads& bn) {
-  dgamma_ = bn.dgamma;
-  dbeta_ = bn.dbeta;
-  ops::ConvGrads g = ops::conv2d_backward(x_, weight_, bn.dx, spec_, need_input_grad_);
-  dweight_ = g.dw;
+Tensor ConvNormAct::keep(ops::BatchNormConvGrads g) {
+  dgamma_ = std::move(g.dgamma);
+  dbeta_ = std::move(g.dbeta);
+  dweight_ = std::move(g.dw);
   return g.dx;
 }
 

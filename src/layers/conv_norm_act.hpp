@@ -75,7 +75,7 @@ class ConvNormAct : public Module, public Quantizable {
   // Training: x and conv(x) into x_ and y_ for the batch norm and the backward; before_residual:
   // this layer must have no activation of its own (forward_add's).
   void conv_forward(const Tensor& x, bool before_residual);
-  Tensor conv_backward(const ops::BatchNormGrads& bn);  // stores the gradients, returns d input
+  Tensor keep(ops::BatchNormConvGrads g);  // stores the gradients, returns d input
   int in_, out_, kernel_;
   ops::ConvSpec spec_;
   Act act_;
