@@ -146,7 +146,7 @@ BatchNormConvGrads batchnorm_conv_backward(const Tensor& x, const Tensor& gamma,
     same_device("batch norm backward", x, {&gamma, &dy, &conv_x, &w});
     detail::apply_thread_setting();
     const detail::OpTimer timer("batchnorm_conv1x1_backward", false);
-    return cpu::batchnorm_conv1x1_backward(x, gamma, stats, dy, conv_x, w, need_dx);
+    return cpu::batchnorm_conv1x1_backward(x, gamma, stats, dy, conv_x, w, spec, need_dx);
   }
   BatchNormGrads bn = batchnorm_backward(x, gamma, stats, dy);
   ConvGrads cg = conv2d_backward(conv_x, w, bn.dx, spec, need_dx);
@@ -161,7 +161,8 @@ BatchNormConvGrads batchnorm_relu_sum_conv_backward(const Tensor& x, const Tenso
     if (dy_b.defined()) same_device("batch norm backward", x, {&dy_b});
     detail::apply_thread_setting();
     const detail::OpTimer timer("batchnorm_relu_sum_conv1x1_backward", false);
-    return cpu::batchnorm_relu_sum_conv1x1_backward(x, gamma, stats, y, dy_a, dy_b, ds, conv_x, w, need_dx);
+    return cpu::batchnorm_relu_sum_conv1x1_backward(x, gamma, stats, y, dy_a, dy_b, ds, conv_x, w, spec,
+                                                     need_dx);
   }
   BatchNormGrads bn = batchnorm_backward_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds);
   ConvGrads cg = conv2d_backward(conv_x, w, bn.dx, spec, need_dx);

@@ -328,22 +328,28 @@ float* scratch_block(std::int64_t floats) {
   return data.get();
 }
 
-// The second pass handing dx, 64 rows at a time, to the backward of the 1x1 convolution x =
+// The second pass handing dx, about 64 rows at a time, to the backward of the 1x1 convolution x =
 // conv_x * w (conv1x1_grad_kernels.hpp): its weight gradient is summed per thread and the partial
-// sums added in thread order; its input gradient is written row block by row block.
+// sums added in thread order; its input gradient is written block by block. At stride 2 a block is
+// whole output image rows: output row y reads input row 2y at every other pixel, and the block
+// writes the gradient of input rows 2y (zero at odd columns) and 2y + 1 (zero).
 ops::BatchNormConvGrads conv1x1_from_sums(const FirstPass& p, const Tensor& gamma, const ops::BatchStats& stats,
-                                          const Tensor& conv_x_in, const Tensor& w, bool need_dx) {
+                                          const Tensor& conv_x_in, const Tensor& w, int stride, bool need_dx) {
   const Tensor& x = p.x;
   const Tensor conv_x = as_channels_last(conv_x_in);
   const std::int64_t oc = x.dim(1), ic = conv_x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
+  const std::int64_t H = conv_x.dim(2), W = conv_x.dim(3), oh = x.dim(2), ow = x.dim(3);
   GradCoefs k2 = grad_coefs(x, gamma, stats, p.sg, p.sgx);
   ops::BatchNormConvGrads out;
   out.dgamma = std::move(k2.grads.dgamma);
   out.dbeta = std::move(k2.grads.dbeta);
   out.dw = Tensor(w.shape());
   if (need_dx) out.dx = Tensor(conv_x.shape(), Device::CPU, Layout::ChannelsLast);
-  constexpr std::int64_t kBlock = 64;
-  const std::int64_t blocks = (rows + kBlock - 1) / kBlock, wsize = oc * ic;
+  constexpr std::int64_t kRows = 64;
+  // stride 1: blocks of kRows rows; stride 2: of `lines` output image rows
+  const std::int64_t lines = std::max<std::int64_t>(1, kRows / ow);
+  const std::int64_t block_rows = stride == 1 ? kRows : lines * ow;
+  const std::int64_t blocks = (rows + block_rows - 1) / block_rows, wsize = oc * ic;
   const int threads = omp_get_max_threads();
   std::vector<float> partial(static_cast<std::size_t>(threads * wsize), 0.0f);
   const bn::Kernels& k = bn::kernels();
@@ -358,18 +364,31 @@ ops::BatchNormConvGrads conv1x1_from_sums(const FirstPass& p, const Tensor& gamm
   {
 #pragma omp single
     used = omp_get_num_threads();
-    float* g = scratch_block(kBlock * oc);
+    float* g = scratch_block(block_rows * oc);
     float* dw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * wsize;
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t r0 = b * kBlock, n = std::min(kBlock, rows - r0);
+      const std::int64_t r0 = b * block_rows, n = std::min(block_rows, rows - r0);
       k.grad_input(xp + r0 * oc, dp + r0 * oc, n, oc, mean, p.scale, p.shift, p.relu, k2.a.data(), k2.b.data(),
                    k2.d.data(), false, g);
 #if defined(__x86_64__)  // conv1x1_grad_kernels_avx512.cpp is built for x86-64 only (conv1x1_grads_fit)
-      conv1x1::add_weight_grad(g, oc, cx + r0 * ic, ic, n, dw);
-      if (dxp) conv1x1::input_grad(g, oc, wp, ic, n, dxp + r0 * ic);
+      if (stride == 1) {
+        conv1x1::add_weight_grad(g, oc, cx + r0 * ic, ic, ic, n, dw);
+        if (dxp) conv1x1::input_grad(g, oc, wp, ic, n, dxp + r0 * ic, ic);
+        continue;
+      }
+      for (std::int64_t line = r0 / ow; line < (r0 + n) / ow; ++line) {
+        const std::int64_t image = line / oh, y = line % oh, in = (image * H + 2 * y) * W;  // input pixel
+        const float* gl = g + (line * ow - r0) * oc;
+        conv1x1::add_weight_grad(gl, oc, cx + in * ic, ic, 2 * ic, ow, dw);
+        if (!dxp) continue;
+        float* d = dxp + in * ic;
+        conv1x1::input_grad(gl, oc, wp, ic, ow, d, 2 * ic);
+        for (std::int64_t col = 1; col < W; col += 2) std::fill(d + col * ic, d + (col + 1) * ic, 0.0f);
+        if (2 * y + 1 < H) std::fill(d + W * ic, d + 2 * W * ic, 0.0f);
+      }
 #else
-      (void)cx, (void)wp, (void)dw;
+      (void)cx, (void)wp, (void)dw, (void)H, (void)oh;
 #endif
     }
   }
@@ -465,9 +484,11 @@ bool conv1x1_grads_fit(const Tensor& x, const Tensor& conv_x, const Tensor& w, c
 #if defined(__x86_64__)
   if (!avx512_kernels() || x.ndim() != 4 || conv_x.ndim() != 4 || w.ndim() != 4) return false;
   const std::int64_t oc = x.dim(1), ic = conv_x.dim(1);
-  return spec.stride == 1 && spec.pad == 0 && spec.groups == 1 && w.layout() == Layout::Contiguous &&
-         w.shape() == Shape({oc, ic, 1, 1}) && conv_x.dim(0) == x.dim(0) && conv_x.dim(2) == x.dim(2) &&
-         conv_x.dim(3) == x.dim(3) && oc % 16 == 0 && ic % 16 == 0 && oc * ic <= 256 * 256;
+  const auto out_size = [&](std::int64_t in) { return (in - 1) / spec.stride + 1; };
+  return (spec.stride == 1 || spec.stride == 2) && spec.pad == 0 && spec.groups == 1 &&
+         w.layout() == Layout::Contiguous && w.shape() == Shape({oc, ic, 1, 1}) && conv_x.dim(0) == x.dim(0) &&
+         out_size(conv_x.dim(2)) == x.dim(2) && out_size(conv_x.dim(3)) == x.dim(3) && oc % 16 == 0 &&
+         ic % 16 == 0 && oc * ic <= 256 * 256;
 #else
   (void)x, (void)conv_x, (void)w, (void)spec;
   return false;
@@ -476,18 +497,19 @@ bool conv1x1_grads_fit(const Tensor& x, const Tensor& conv_x, const Tensor& w, c
 
 ops::BatchNormConvGrads batchnorm_conv1x1_backward(const Tensor& x, const Tensor& gamma, const ops::BatchStats& stats,
                                                    const Tensor& dy, const Tensor& conv_x, const Tensor& w,
-                                                   bool need_dx) {
-  RELPOS_CHECK(conv1x1_grads_fit(x, conv_x, w, {1, 0, 1}), "internal: the fused 1x1 gradients do not take this convolution");
-  return conv1x1_from_sums(first_pass(x, gamma, stats, dy), gamma, stats, conv_x, w, need_dx);
+                                                   const ops::ConvSpec& spec, bool need_dx) {
+  RELPOS_CHECK(conv1x1_grads_fit(x, conv_x, w, spec), "internal: the fused 1x1 gradients do not take this convolution");
+  return conv1x1_from_sums(first_pass(x, gamma, stats, dy), gamma, stats, conv_x, w, spec.stride, need_dx);
 }
 
 ops::BatchNormConvGrads batchnorm_relu_sum_conv1x1_backward(const Tensor& x, const Tensor& gamma,
                                                             const ops::BatchStats& stats, const Tensor& y,
                                                             const Tensor& dy_a, const Tensor& dy_b, Tensor& ds,
-                                                            const Tensor& conv_x, const Tensor& w, bool need_dx) {
-  RELPOS_CHECK(conv1x1_grads_fit(x, conv_x, w, {1, 0, 1}), "internal: the fused 1x1 gradients do not take this convolution");
+                                                            const Tensor& conv_x, const Tensor& w,
+                                                            const ops::ConvSpec& spec, bool need_dx) {
+  RELPOS_CHECK(conv1x1_grads_fit(x, conv_x, w, spec), "internal: the fused 1x1 gradients do not take this convolution");
   return conv1x1_from_sums(first_pass_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds), gamma, stats, conv_x, w,
-                           need_dx);
+                           spec.stride, need_dx);
 }
 
 }  // namespace relpos::cpu

@@ -14,10 +14,13 @@
 
 namespace relpos::cpu::conv1x1 {
 
-// dw[o][i] += sum over the rows of g[r][o] * x[r][i]
-void add_weight_grad(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t rows, float* dw);
+// dw[o][i] += sum over the rows of g[r][o] * x[r][i], row r of x at x + r * ldx (ldx >= ic: a
+// stride-2 convolution reads every other pixel of a row)
+void add_weight_grad(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t ldx,
+                     std::int64_t rows, float* dw);
 
-// dx[r][i] = sum over o of g[r][o] * w[o][i]
-void input_grad(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx);
+// dx[r][i] = sum over o of g[r][o] * w[o][i], row r of dx at dx + r * ldx
+void input_grad(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx,
+                std::int64_t ldx);
 
 }  // namespace relpos::cpu::conv1x1

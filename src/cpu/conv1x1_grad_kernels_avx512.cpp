@@ -64,18 +64,20 @@ void input_tile(const float* g, std::int64_t ldg, std::int64_t oc, const float* 
 
 // Output channels in tiles of TO (a multiple of 16 is a multiple of every TO used).
 template <int NV>
-void weight_columns(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t rows, float* dw) {
+void weight_columns(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t ldx,
+                    std::int64_t rows, float* dw) {
   constexpr int TO = NV == 4 ? 4 : NV == 1 ? 16 : 8;
-  for (std::int64_t o = 0; o < oc; o += TO) weight_tile<TO, NV>(g + o, oc, x, ic, rows, dw + o * ic, ic);
+  for (std::int64_t o = 0; o < oc; o += TO) weight_tile<TO, NV>(g + o, oc, x, ldx, rows, dw + o * ic, ic);
 }
 
 // Rows in tiles of TR, the rest one at a time.
 template <int NV>
-void input_columns(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx) {
+void input_columns(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx,
+                   std::int64_t ldx) {
   constexpr int TR = NV == 4 ? 6 : NV == 3 ? 8 : NV == 2 ? 12 : 24;
   std::int64_t r = 0;
-  for (; r + TR <= rows; r += TR) input_tile<TR, NV>(g + r * oc, oc, oc, w, ic, dx + r * ic, ic);
-  for (; r < rows; ++r) input_tile<1, NV>(g + r * oc, oc, oc, w, ic, dx + r * ic, ic);
+  for (; r + TR <= rows; r += TR) input_tile<TR, NV>(g + r * oc, oc, oc, w, ic, dx + r * ldx, ldx);
+  for (; r < rows; ++r) input_tile<1, NV>(g + r * oc, oc, oc, w, ic, dx + r * ldx, ldx);
 }
 
 // f<NV>(column offset) over the input channels, in groups of 4 vectors, then 3, 2 or 1.
@@ -93,12 +95,18 @@ void by_columns(std::int64_t ic, F&& f) {
 
 }  // namespace
 
-void add_weight_grad(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t rows, float* dw) {
-  by_columns(ic, [&](auto nv, std::int64_t i) { weight_columns<decltype(nv)::value>(g, oc, x + i, ic, rows, dw + i); });
+void add_weight_grad(const float* g, std::int64_t oc, const float* x, std::int64_t ic, std::int64_t ldx,
+                     std::int64_t rows, float* dw) {
+  by_columns(ic, [&](auto nv, std::int64_t i) {
+    weight_columns<decltype(nv)::value>(g, oc, x + i, ic, ldx, rows, dw + i);
+  });
 }
 
-void input_grad(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx) {
-  by_columns(ic, [&](auto nv, std::int64_t i) { input_columns<decltype(nv)::value>(g, oc, w + i, ic, rows, dx + i); });
+void input_grad(const float* g, std::int64_t oc, const float* w, std::int64_t ic, std::int64_t rows, float* dx,
+                std::int64_t ldx) {
+  by_columns(ic, [&](auto nv, std::int64_t i) {
+    input_columns<decltype(nv)::value>(g, oc, w + i, ic, rows, dx + i, ldx);
+  });
 }
 
 }  // namespace relpos::cpu::conv1x1

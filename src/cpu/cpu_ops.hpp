@@ -44,11 +44,12 @@ ops::BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& g
 bool conv1x1_grads_fit(const Tensor& x, const Tensor& conv_x, const Tensor& w, const ops::ConvSpec& spec);
 ops::BatchNormConvGrads batchnorm_conv1x1_backward(const Tensor& x, const Tensor& gamma, const ops::BatchStats& stats,
                                                    const Tensor& dy, const Tensor& conv_x, const Tensor& w,
-                                                   bool need_dx);
+                                                   const ops::ConvSpec& spec, bool need_dx);
 ops::BatchNormConvGrads batchnorm_relu_sum_conv1x1_backward(const Tensor& x, const Tensor& gamma,
                                                             const ops::BatchStats& stats, const Tensor& y,
                                                             const Tensor& dy_a, const Tensor& dy_b, Tensor& ds,
-                                                            const Tensor& conv_x, const Tensor& w, bool need_dx);
+                                                            const Tensor& conv_x, const Tensor& w,
+                                                            const ops::ConvSpec& spec, bool need_dx);
 // ops::batchnorm_train_add: both halves (residual null: batchnorm_train).
 Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                            Tensor& running_var, float eps, float momentum, const Tensor* residual, Act act,
