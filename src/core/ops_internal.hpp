@@ -75,9 +75,9 @@ BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma,
 // The backward of a convolution followed by a batch norm, x = conv(conv_x, w) and bn(x) with the
 // statistics in stats: the batch norm's dgamma and dbeta, the convolution's dw and (with need_dx)
 // dx. Where the CPU's fused kernels take the convolution (cpu::conv1x1_grads_fit: 1x1, stride 1 or
-// 2 without padding, channels in multiples of 16, AVX-512) the batch norm's input gradient is made block by block and
-// handed to the convolution's two products while it is in the caches, never written whole;
-// elsewhere batchnorm_backward and conv2d_backward run in turn.
+// 2 without padding, channels in multiples of 16, AVX-512) the batch norm's input gradient is made
+// block by block and handed to the convolution's two products while it is in the caches, never
+// written whole; elsewhere batchnorm_backward and conv2d_backward run in turn.
 struct BatchNormConvGrads {
   Tensor dgamma, dbeta, dw, dx;
 };
