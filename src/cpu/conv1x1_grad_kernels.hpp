@@ -5,7 +5,7 @@
 // counts are multiples of 16; the kernels are built for AVX-512 only (CMakeLists.txt) and called
 // only on CPUs with it (cpu_features.hpp: avx512_kernels()).
 //
-// A block is small enough (64 rows) to stay in the L1 and L2 caches between the batch norm's pass
+// A block is small enough (about 64 rows) to stay in the L1 and L2 caches between the batch norm's pass
 // that writes g and the two products that read it, so g never goes to memory: the convolution's
 // output gradient is otherwise written once and read twice (oneDNN's weight and data gradients).
 #pragma once
