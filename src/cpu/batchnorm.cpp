@@ -4,9 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <memory>
-#include <new>
 #include <vector>
 
 #include "cpu/batchnorm_kernels.hpp"
@@ -14,6 +11,7 @@
 #include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
+#include "cpu/thread_buffer.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
@@ -312,22 +310,6 @@ ops::BatchNormGrads backward_from_sums(const FirstPass& p, const Tensor& gamma, 
   return out;
 }
 
-// A grow-only, 64-byte aligned buffer of the calling thread.
-float* scratch_block(std::int64_t floats) {
-  struct Free {
-    void operator()(float* f) const { std::free(f); }
-  };
-  thread_local std::unique_ptr<float, Free> data;
-  thread_local std::int64_t size = 0;
-  if (size < floats) {
-    const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
-    data.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!data) throw std::bad_alloc();
-    size = floats;
-  }
-  return data.get();
-}
-
 // The second pass handing dx, about 64 rows at a time, to the backward of the 1x1 convolution x =
 // conv_x * w (conv1x1_grad_kernels.hpp): its weight gradient is summed per thread and the partial
 // sums added in thread order; its input gradient is written block by block. At stride 2 a block is
@@ -364,7 +346,7 @@ ops::BatchNormConvGrads conv1x1_from_sums(const FirstPass& p, const Tensor& gamm
   {
 #pragma omp single
     used = omp_get_num_threads();
-    float* g = scratch_block(block_rows * oc);
+    float* g = thread_buffer(ThreadBuffer::BatchNormBlock, block_rows * oc);
     float* dw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * wsize;
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < blocks; ++b) {

@@ -25,6 +25,7 @@
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "cpu/sasa_planes.hpp"
+#include "cpu/thread_buffer.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
@@ -90,28 +91,6 @@ void gather_from_planes(const sasa::Kernels& kern, const float* planes, const sa
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
     for (int y = 0; y < p.H; ++y) kern.gather_row(p, planes + i * C * P, C, dst.data() + (b0 + i) * image, y);
-}
-
-// Grow-only buffers of the calling thread: allocating (and zeroing) them on every call cost more
-// than filling them. 64-byte aligned: the kernels' vectors in the scratch then never straddle
-// cache lines (a split store followed by a load of the same vector stalls).
-float* thread_buffer(int slot, std::int64_t floats) {
-  struct Free {
-    void operator()(float* f) const { std::free(f); }
-  };
-  struct Buffer {
-    std::unique_ptr<float, Free> data;
-    std::int64_t size = 0;
-  };
-  thread_local Buffer buffers[2];  // scratch, backward's gradient planes
-  Buffer& b = buffers[slot];
-  if (b.size < floats) {
-    const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
-    b.data.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!b.data) throw std::bad_alloc();
-    b.size = floats;
-  }
-  return b.data.get();
 }
 
 // Plane buffers of the calling thread, one per plane layout (a network's SASA layers have a few):
@@ -187,7 +166,7 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
     {
       bool clean = false;
       float* planes = plane_buffer(plane_layout(3, p, head_planes, 1), head_planes * P, &clean);
-      float* scratch = thread_buffer(0, S);
+      float* scratch = thread_buffer(ThreadBuffer::SasaScratch, S);
 #pragma omp for schedule(static)
       for (std::int64_t u = 0; u < g.B * g.heads; ++u) {
         const std::int64_t i = u / g.heads;
@@ -212,7 +191,7 @@ Tensor sasa_attention(const Tensor& qkv_in, const Tensor& r_row, const Tensor& r
   const std::int64_t G = chunk_images(g.B, static_cast<std::int64_t>(g.heads) * pairs, threads);
   bool clean = false;
   float* planes = plane_buffer(plane_layout(0, p, g.Ct, G), G * g.Ct * P, &clean);
-  float* scratch = thread_buffer(0, threads * S);
+  float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
     const std::int64_t n = std::min(G, g.B - b0);
     spread_to_planes(kern, qkv, b0, n, p, planes, clean || b0 > 0);
@@ -248,9 +227,9 @@ ops::SasaGrads sasa_attention_backward(const Tensor& qkv_in, const Tensor& r_row
   bool clean = false, dclean = false;
   float* planes = plane_buffer(plane_layout(1, p, g.Ct, G), G * g.Ct * P, &clean);
   float* dplanes = plane_buffer(plane_layout(2, p, g.Co, G), G * g.Co * P, &dclean);
-  float* gplanes = thread_buffer(1, G * g.Ct * P);
+  float* gplanes = thread_buffer(ThreadBuffer::SasaGradPlanes, G * g.Ct * P);
   const std::int64_t S = sasa::scratch_floats(p), tsize = static_cast<std::int64_t>(g.k) * g.half;
-  float* scratch = thread_buffer(0, threads * S);
+  float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
   // Each (image, head) writes its own embedding gradients; they are added in that order after.
   std::vector<float> dr(static_cast<std::size_t>(g.B * g.heads * 2 * tsize));
   for (std::int64_t b0 = 0; b0 < g.B; b0 += G) {
@@ -319,7 +298,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   }
   const int threads = omp_get_max_threads();
   const std::int64_t S = sasa::scratch_floats(p);
-  float* scratch = thread_buffer(0, threads * S);
+  float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
   const int pairs = (p.H + 1) / 2;
   for (std::int64_t b0 = 0; b0 < B; b0 += G) {
     const std::int64_t n = std::min(G, B - b0);
