@@ -10,56 +10,48 @@ namespace relpos::cpu::conv1x1 {
 
 namespace {
 
+// The register tile of both products: c[t][v] (T rows of c x NV vectors of input channels) =
+// c[t][v] (with kAdd, else 0) + sum over k < n of a(k, t) b[k * ldb + 16 v], in the order k = 0, 1,
+// ... The broadcast a(k, t) is a[k * lda + t] with kAcross (the weight gradient: k a row of g,
+// t an output channel), else a[t * lda + k] (the input gradient: t a row of g, k an output
+// channel).
+template <int T, int NV, bool kAdd, bool kAcross>
+void product_tile(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t n, float* c,
+                  std::int64_t ldc) {
+  __m512 acc[T][NV];
+#pragma GCC unroll 24
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[t][v] = kAdd ? _mm512_loadu_ps(c + t * ldc + 16 * v) : _mm512_setzero_ps();
+  for (std::int64_t k = 0; k < n; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + k * ldb + 16 * v);
+#pragma GCC unroll 24
+    for (int t = 0; t < T; ++t) {
+      const __m512 ab = _mm512_set1_ps(kAcross ? a[k * lda + t] : a[t * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(ab, bv[v], acc[t][v]);
+    }
+  }
+#pragma GCC unroll 24
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + t * ldc + 16 * v, acc[t][v]);
+}
+
 // dw[o][i] (TO output channels x NV vectors of input channels) += sum_r g[r][o] x[r][i]
 template <int TO, int NV>
 void weight_tile(const float* g, std::int64_t ldg, const float* x, std::int64_t ldx, std::int64_t rows, float* dw,
                  std::int64_t ldw) {
-  __m512 acc[TO][NV];
-#pragma GCC unroll 16
-  for (int o = 0; o < TO; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[o][v] = _mm512_loadu_ps(dw + o * ldw + 16 * v);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    __m512 xv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) xv[v] = _mm512_loadu_ps(x + r * ldx + 16 * v);
-#pragma GCC unroll 16
-    for (int o = 0; o < TO; ++o) {
-      const __m512 gb = _mm512_set1_ps(g[r * ldg + o]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[o][v] = _mm512_fmadd_ps(gb, xv[v], acc[o][v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int o = 0; o < TO; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(dw + o * ldw + 16 * v, acc[o][v]);
+  product_tile<TO, NV, true, true>(g, ldg, x, ldx, rows, dw, ldw);
 }
 
 // dx[r][i] (TR rows x NV vectors of input channels) = sum_o g[r][o] w[o][i]
 template <int TR, int NV>
 void input_tile(const float* g, std::int64_t ldg, std::int64_t oc, const float* w, std::int64_t ldw, float* dx,
                 std::int64_t ldx) {
-  __m512 acc[TR][NV];
-#pragma GCC unroll 24
-  for (int r = 0; r < TR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (std::int64_t o = 0; o < oc; ++o) {
-    __m512 wv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + o * ldw + 16 * v);
-#pragma GCC unroll 24
-    for (int r = 0; r < TR; ++r) {
-      const __m512 gb = _mm512_set1_ps(g[r * ldg + o]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(gb, wv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 24
-  for (int r = 0; r < TR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(dx + r * ldx + 16 * v, acc[r][v]);
+  product_tile<TR, NV, false, false>(g, ldg, w, ldw, oc, dx, ldx);
 }
 
 // Output channels in tiles of TO (a multiple of 16 is a multiple of every TO used).
