@@ -12,4 +12,3 @@ cmake --build build-san -j"$(nproc)" > /dev/null
 # (528 s, in another hour, with spinning threads).
 OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-san --output-on-failure -j"$(nproc)"
-
