@@ -163,6 +163,59 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   CHECK(r.out.find("--model is required") != std::string::npos);
 }
 
+TEST_CASE("bench --paired-with times two models run by run and compares their multiply-adds per second") {
+  const std::string other = relpos::test::source_dir() + "/models/botnet-fmnist.json";
+  Run r = run("bench -m " + tiny() + " --paired-with " + other + " --batch 2 --iters 5 --warmup 1 --json", true);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["paired"].size() == 2);
+  const auto& a = j["paired"][0];
+  const auto& b = j["paired"][1];
+  CHECK(a["what"] == "tiny_botnet_96x64 inference");
+  CHECK(b["what"].get<std::string>().find("inference") != std::string::npos);
+  CHECK(a["what"] != b["what"]);
+  CHECK(a["batch"] == 2);
+  CHECK(b["batch"] == 2);
+  CHECK(a["iters"] == 5);
+  CHECK(b["iters"] == 5);
+  CHECK(j["pairs"] == 5);
+  // each model's multiply-adds as its own bench reports them
+  const auto alone = nlohmann::json::parse(run("bench -m " + other + " --batch 2 --iters 1 --warmup 0 --json", true).out);
+  CHECK(b["forward_gmacs_per_image"].get<double>() == doctest::Approx(alone["forward_gmacs_per_image"].get<double>()));
+  CHECK(a["forward_gmacs_per_image"].get<double>() != doctest::Approx(b["forward_gmacs_per_image"].get<double>()));
+  // the ratio is taken pair by pair: its median lies within its quartiles, and near the ratio of the
+  // two models' rates at their median runs (the second's over the first's: about 2 for these two)
+  const double q1 = j["per_mac_ratio_q1"], med = j["per_mac_ratio"], q3 = j["per_mac_ratio_q3"];
+  CHECK(q1 > 0.0);
+  CHECK(q1 <= med);
+  CHECK(med <= q3);
+  const double of_medians = b["forward_gmac_per_s"].get<double>() / a["forward_gmac_per_s"].get<double>();
+  CHECK(med > of_medians / 1.6);
+  CHECK(med < of_medians * 1.6);
+  r = run("bench -m " + tiny() + " --paired-with " + other + " --iters 2 --warmup 0");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("per multiply-add, ") != std::string::npos);
+  CHECK(r.out.find(" pairs; quartiles ") != std::string::npos);
+  // usage errors: a different batch in the two inputs, or options that pairing does not take
+  TempDir dir;
+  relpos::write_safetensors(dir.file("in3.safetensors"), {{"input", relpos::Tensor::zeros({3, 1, 28, 28})}});
+  r = run("bench -m " + tiny() + " --paired-with " + other + " --paired-input " + dir.file("in3.safetensors") +
+          " --batch 2 --iters 1 --warmup 0");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("both inputs need the same batch, got 2 and 3") != std::string::npos);
+  r = run("bench -m " + tiny() + " --paired-with " + other + " --iters 1 --train");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--paired-with times inference only") != std::string::npos);
+  r = run("bench -m " + tiny() + " --paired-config botnet-fmnist --iters 1");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("need --paired-with") != std::string::npos);
+  r = run("bench -m " + tiny() + " --paired-with " + relpos::test::source_dir() + "/models/no_such_model.json --iters 1");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("no_such_model") != std::string::npos);
+}
+
 TEST_CASE("bench --profile charges every op to the layer it ran in") {
   Run r = run("bench -m " + tiny() + " --batch 2 --iters 3 --warmup 1 --json --profile", true);
   INFO(r.out);

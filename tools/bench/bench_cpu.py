@@ -12,7 +12,8 @@ dynamic batch with --dynamic-batch). Then, per batch size, times in alternating 
 LATENCY hint, f32 precision hint) on the same batch, prints img/s of each and relpos's ratios, and
 checks that every engine's logits agree with PyTorch's (docs/attention.md: 1e-4 * max(1, max|ref|)).
 With more than one model, relpos's throughput per multiply-add of each against the first is then
-measured with the models timed in turn within each round (per_mac_comparison).
+measured by `relpos bench --paired-with`: the two models in turn, one inference each per pair, and
+the median over the pairs of the ratio (per_mac_comparison).
 An engine that is not installed is skipped with a one-line message.
     tools/bench/bench_cpu.sh [--models botnet26t_256 sasa_resnet26] [--batches 1 8] [--threads 2]
                              [--seconds 10] [--rounds 2] [--engines relpos torch onnxruntime openvino]
@@ -222,40 +223,61 @@ def bench_model(a, name, engines, tmp):
 
 
 def per_mac_comparison(a, infos, tmp):
-    """relpos's throughput per multiply-add of each model against the first one's, the models timed in
-    turn within each round (the order reversed every other round), so that a host whose speed drifts
-    over the minutes of the main tables weighs on both alike. Prints one line per round and a table
-    of GMAC/s (forward multiply-adds over the median run, as relpos bench reports them) with the
-    median of the rounds' ratios."""
+    """relpos's throughput per multiply-add of each model against the first one's. Each round is one
+    `relpos bench --paired-with` call per later model: the first model and the later one run in turn,
+    one inference each per pair (the order swapped from pair to pair), for 2 x --seconds. The two runs
+    of a pair meet the same host speed, which on a shared host changes from second to second, so the
+    round's ratio is the median over its pairs of (later model's multiply-adds per second) / (first's).
+    Prints one line per round and a table of GMAC/s (forward multiply-adds over each model's median
+    run, as relpos bench reports them) with the median of the rounds' ratios."""
     names = [n for n, _, _ in infos]
-    print(f"\nrelpos per multiply-add, the models timed in turn within each round ({a.rounds} rounds x "
-          f"{a.seconds:g} s each), GMAC/s:", flush=True)
+    first, first_weights, first_size = infos[0]
+    print(f"\nrelpos per multiply-add, each model paired with {first} run by run "
+          f"(relpos bench --paired-with; {a.rounds} rounds x {2 * a.seconds:g} s), GMAC/s:", flush=True)
+
+    def input_file(name, batch, size):
+        inp = os.path.join(tmp, f"permac_{name}_{batch}.safetensors")
+        if not os.path.exists(inp):
+            x = torch.randn(batch, 3, size[0], size[1], generator=torch.Generator().manual_seed(batch))
+            save_file({"input": x}, inp)
+        return inp
+
     table = []
     for batch in a.batches:
         rates = {n: [] for n in names}
+        ratios = {n: [] for n in names[1:]}
+        quartiles = {n: [] for n in names[1:]}
         gmacs = {}
         for rnd in range(a.rounds):
-            order = infos if rnd % 2 == 0 else infos[::-1]
-            for name, weights, (H, W) in order:
-                inp = os.path.join(tmp, f"permac_{name}_{batch}.safetensors")
-                if not os.path.exists(inp):
-                    x = torch.randn(batch, 3, H, W, generator=torch.Generator().manual_seed(batch))
-                    save_file({"input": x}, inp)
-                r = time_relpos(a.relpos, weights, name, inp, a.threads, a.seconds,
-                                os.path.join(tmp, "permac_logits.safetensors"))
-                rates[name].append(r["forward_gmac_per_s"])
-                gmacs[name] = r["forward_gmacs_per_image"]
+            for name, weights, size in infos[1:]:
+                cmd = [a.relpos, "bench", "-m", first_weights, "--config", first,
+                       "--input", input_file(first, batch, first_size),
+                       "--paired-with", weights, "--paired-config", name,
+                       "--paired-input", input_file(name, batch, size), "--threads", str(a.threads),
+                       "--warmup", "2", "--iters", "3", "--min-seconds", str(2 * a.seconds), "--json"]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                one, other = r["paired"]
+                if name == names[1]:
+                    rates[first].append(one["forward_gmac_per_s"])
+                    gmacs[first] = one["forward_gmacs_per_image"]
+                rates[name].append(other["forward_gmac_per_s"])
+                gmacs[name] = other["forward_gmacs_per_image"]
+                ratios[name].append(r["per_mac_ratio"])
+                quartiles[name].append((r["per_mac_ratio_q1"], r["per_mac_ratio_q3"], r["pairs"]))
             print(f"  batch {batch} round {rnd + 1}/{a.rounds}: " +
-                  ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names) + " GMAC/s", flush=True)
-        table.append((batch, rates, gmacs))
+                  ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names) + " GMAC/s; " +
+                  ", ".join(f"{n} {ratios[n][-1]:.3f}x (quartiles {quartiles[n][-1][0]:.3f}x to "
+                            f"{quartiles[n][-1][1]:.3f}x over {quartiles[n][-1][2]} pairs)" for n in names[1:]),
+                  flush=True)
+        table.append((batch, rates, ratios, gmacs))
     w = max(16, max(len(n) for n in names) + 2)
     print(f"{'batch':>5} |" + "".join(f"{n:>{w}}" for n in names) + " | per multiply-add against " + names[0])
-    for batch, rates, gmacs in table:
+    for batch, rates, ratios, gmacs in table:
         line = f"{batch:>5} |" + "".join(f"{statistics.median(rates[n]):>{w}.1f}" for n in names) + " |"
         for n in names[1:]:
-            per_round = [x / y for x, y in zip(rates[n], rates[names[0]])]
-            line += (f" {n} {statistics.median(per_round):.2f}x (rounds " +
-                     ", ".join(f"{q:.2f}x" for q in per_round) + ")")
+            line += (f" {n} {statistics.median(ratios[n]):.2f}x (rounds " +
+                     ", ".join(f"{q:.2f}x" for q in ratios[n]) + ")")
         print(line)
     print(f"{'':>5} |" + "".join(f"{f'{gmacs[n]:.2f} GMACs':>{w}}" for n in names) + " | (per image)")
 

@@ -1,6 +1,7 @@
 // relpos bench: time inference (or a training step) on a batch, random or read from a
-// safetensors file, optionally saving the logits; or time the BoTNet attention op alone. Scripts
-// use it to compare relpos with other frameworks on the same weights and input.
+// safetensors file, optionally saving the logits; or time the BoTNet attention op alone; or time
+// two models in turn (--paired-with) and compare their multiply-adds per second pair by pair.
+// Scripts use it to compare relpos with other frameworks on the same weights and input.
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -31,6 +32,8 @@ struct BenchArgs {
   std::vector<int> attention;  // h w: time the attention op alone
   int dim = 64, heads = 4;
   int sasa = 0;  // with --attention: the SASA local attention with this window instead of BoTNet's
+  // --paired-with: a second model (and its --config and --input) timed in turn with the first
+  std::string paired_with, paired_config, paired_input;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -65,21 +68,30 @@ std::vector<double> time_runs(const BenchArgs& a, F&& fn) {
   return ms;
 }
 
-// macs_per_item: a model's forward multiply-adds per image (0 for the attention op alone), in the
-// JSON as forward_gmacs_per_image and forward_gmac_per_s (over the median run).
+// One timing as JSON (ms: the runs' milliseconds, sorted). macs_per_item: a model's forward
+// multiply-adds per image (0 for the attention op alone), given as forward_gmacs_per_image and
+// forward_gmac_per_s (over the median run).
+nlohmann::json report_json(const BenchArgs& a, const std::string& what, std::int64_t items,
+                           const std::string& device, const std::vector<double>& ms, double macs_per_item) {
+  const double median = ms[ms.size() / 2];
+  const double n = static_cast<double>(items);
+  nlohmann::json j{{"what", what},          {"batch", items},        {"threads", threads_in_use()},
+                   {"device", device},      {"iters", ms.size()},    {"median_ms", median},
+                   {"min_ms", ms.front()},  {"img_per_s", n * 1000.0 / median}, {"tf32", a.tf32}};
+  if (macs_per_item > 0) {
+    j["forward_gmacs_per_image"] = macs_per_item / 1e9;
+    j["forward_gmac_per_s"] = macs_per_item * n / median / 1e6;
+  }
+  return j;
+}
+
+// report_json's object printed, or with --json off the same timing as a line of text.
 void report(const BenchArgs& a, const std::string& what, std::int64_t items, const std::string& device,
             const std::vector<double>& ms, double macs_per_item = 0.0) {
   const double median = ms[ms.size() / 2];
   const double n = static_cast<double>(items);
   if (a.json) {
-    nlohmann::json j{{"what", what},          {"batch", items},        {"threads", threads_in_use()},
-                     {"device", device},      {"iters", ms.size()},    {"median_ms", median},
-                     {"min_ms", ms.front()},  {"img_per_s", n * 1000.0 / median}, {"tf32", a.tf32}};
-    if (macs_per_item > 0) {
-      j["forward_gmacs_per_image"] = macs_per_item / 1e9;
-      j["forward_gmac_per_s"] = macs_per_item * n / median / 1e6;
-    }
-    std::cout << j.dump() << "\n";
+    std::cout << report_json(a, what, items, device, ms, macs_per_item).dump() << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << threads_in_use()
               << " threads, " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
@@ -209,16 +221,94 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
             << all_macs / (total / n) / 1e6 << " GMAC/s" << (a.train ? " (forward multiply-adds only)" : "") << "\n";
 }
 
+// A model's input: the 'input' tensor of `file`, or a random batch of the model's input size;
+// channels-last on the model's device.
+Tensor bench_input(const std::string& file, const Model& model, int batch, std::uint32_t seed) {
+  const ModelConfig& c = model.network().config();
+  Tensor x = file.empty() ? random_tensor({batch, c.in_chans, c.input_size[0], c.input_size[1]}, seed)
+                          : SafetensorsFile::read(file).tensor("input");
+  RELPOS_CHECK(x.ndim() == 4, "the input must be (N, C, H, W)" << (file.empty() ? "" : ": " + file) << " holds "
+                                                                << x.describe());
+  return x.channels_last().to(model.device());
+}
+
+// --paired-with: the first model and the second run in turn, one inference each per pair, the order
+// swapped from pair to pair. On a shared host whose speed changes from second to second, the two
+// runs of a pair meet the same speed, so the median over the pairs of the second model's
+// multiply-adds per second over the first's is steadier than two models timed apart (seconds or
+// minutes apart, each at whatever speed the host had then). Warm-up and the count of pairs follow
+// --warmup, --iters and --min-seconds.
+void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
+  ModelOptions o = a.model;
+  o.model = a.paired_with;
+  o.config = a.paired_config;
+  const Model second = o.load();
+  const Tensor x2 = bench_input(a.paired_input, second, a.batch, 1);
+  RELPOS_USAGE_CHECK(x1.dim(0) == x2.dim(0), "--paired-with: both inputs need the same batch, got "
+                                                 << x1.dim(0) << " and " << x2.dim(0));
+  const double macs1 = total_macs(first.network().summarize(1)), macs2 = total_macs(second.network().summarize(1));
+  const auto once = [](const Model& m, const Tensor& x) {
+    const auto t0 = Clock::now();
+    const Tensor logits = m.logits(x);
+    synchronize();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  for (int i = 0; i < a.warmup; ++i) {
+    once(first, x1);
+    once(second, x2);
+  }
+  std::vector<double> ms1, ms2, ratio;
+  const auto start = Clock::now();
+  while (static_cast<int>(ratio.size()) < a.iters ||
+         std::chrono::duration<double>(Clock::now() - start).count() < a.min_seconds) {
+    double t1 = 0.0, t2 = 0.0;
+    if (ratio.size() % 2 == 0) {
+      t1 = once(first, x1);
+      t2 = once(second, x2);
+    } else {
+      t2 = once(second, x2);
+      t1 = once(first, x1);
+    }
+    ms1.push_back(t1);
+    ms2.push_back(t2);
+    ratio.push_back((macs2 / t2) / (macs1 / t1));
+  }
+  std::sort(ms1.begin(), ms1.end());
+  std::sort(ms2.begin(), ms2.end());
+  std::sort(ratio.begin(), ratio.end());
+  const std::size_t n = ratio.size();
+  const double median = ratio[n / 2], q1 = ratio[n / 4], q3 = ratio[(3 * n) / 4];
+  const std::string device = to_string(first.device());
+  const std::string name1 = first.network().config().name, name2 = second.network().config().name;
+  if (a.json) {
+    std::cout << nlohmann::json{{"paired", {report_json(a, name1 + " inference", x1.dim(0), device, ms1, macs1),
+                                            report_json(a, name2 + " inference", x2.dim(0), device, ms2, macs2)}},
+                                {"pairs", n},
+                                {"per_mac_ratio", median},
+                                {"per_mac_ratio_q1", q1},
+                                {"per_mac_ratio_q3", q3}}
+                     .dump()
+              << "\n";
+    return;
+  }
+  report(a, name1 + " inference", x1.dim(0), device, ms1, macs1);
+  report(a, name2 + " inference", x2.dim(0), device, ms2, macs2);
+  std::cout << std::fixed << std::setprecision(3) << "per multiply-add, " << name2 << " against " << name1 << ": "
+            << median << "x (median of " << n << " pairs; quartiles " << q1 << "x to " << q3 << "x)\n";
+}
+
 void run(const BenchArgs& a) {
   set_allow_tf32(a.tf32);
   if (!a.attention.empty()) return run_attention(a);
   RELPOS_CHECK(!a.model.model.empty(), "--model is required (or --attention H W)");
+  RELPOS_USAGE_CHECK(a.paired_with.empty() || (!a.train && !a.profile && a.save_logits.empty()),
+                     "--paired-with times inference only: it takes no --train, --profile or --save-logits");
+  RELPOS_USAGE_CHECK(!a.paired_with.empty() || (a.paired_config.empty() && a.paired_input.empty()),
+                     "--paired-config and --paired-input need --paired-with");
   Model model = a.model.load();
+  const Tensor x = bench_input(a.input, model, a.batch, 0);
+  if (!a.paired_with.empty()) return run_paired(a, model, x);
   const ModelConfig& c = model.network().config();
-  Tensor x = a.input.empty() ? random_tensor({a.batch, c.in_chans, c.input_size[0], c.input_size[1]}, 0)
-                             : SafetensorsFile::read(a.input).tensor("input");
-  RELPOS_CHECK(x.ndim() == 4, "the input must be (N, C, H, W)");
-  x = x.channels_last().to(model.device());
   Tensor logits;
   std::vector<double> ms;
   if (a.train) {
@@ -266,6 +356,12 @@ void register_bench(CLI::App& app) {
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
   sub->add_option("--sasa", args->sasa, "Attention: time SASA local attention with this (odd) window instead of BoTNet's")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--paired-with", args->paired_with,
+                  "A second model (as --model) timed in turn with the first, one inference each per pair; prints "
+                  "both and the median over the pairs of its multiply-adds per second over the first's");
+  sub->add_option("--paired-config", args->paired_config, "Architecture for a --paired-with .safetensors file");
+  sub->add_option("--paired-input", args->paired_input,
+                  "safetensors file with the --paired-with model's 'input' tensor (same batch as the first's)");
   sub->add_flag("--json", args->json, "Print one JSON object");
   sub->callback([args] { run(*args); });
 }
