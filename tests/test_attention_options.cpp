@@ -5,6 +5,7 @@
 #include <functional>
 #include <random>
 
+#include "core/op_cache.hpp"
 #include "core/ops_internal.hpp"
 #include "relpos/attention_ops.hpp"
 #include "relpos/error.hpp"
@@ -432,6 +433,37 @@ TEST_CASE("SASA local attention: the output activation is ReLU of the plain outp
                        Error);
 }
 
+TEST_CASE("SASA projected attention: the same bits on one and two threads, with guarded and with dense planes") {
+  // The projection by sgemm into planes with guards (many pixels for the weights: each thread
+  // projects its own rows) and by oneDNN's matmul into dense planes (few pixels: one product over
+  // the chunk) must not depend on the thread count, nor on a call with another layout in between.
+  struct Geo {
+    int B, H, W, Cin, heads, d;
+  };
+  for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{2, 7, 7, 64, 2, 16}, Geo{3, 16, 16, 132, 4, 128}}) {
+    CAPTURE(s.W);
+    CAPTURE(s.Cin);
+    SasaSpec sp;
+    sp.heads = s.heads, sp.dqk = s.d, sp.dv = s.d, sp.kernel = 7;
+    std::mt19937 rng(static_cast<std::uint32_t>(500 + s.Cin));
+    const Shape xs{s.B, s.Cin, s.H, s.W}, ws{sp.channels_qkv(), s.Cin, 1, 1}, es{7, s.d / 2};
+    const Tensor x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
+    const Tensor w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.1));
+    const Tensor rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+    const Tensor rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+    const Tensor vb = to_t({sp.channels_out()}, random_vec(static_cast<std::size_t>(sp.channels_out()), rng, 1.0));
+    const int before = relpos::num_threads();
+    OpCache cache;
+    relpos::set_num_threads(1);
+    const auto one = ops::sasa_projected_attention(x, w, &vb, rr, rc, sp, Act::ReLU, false, &cache).contiguous().to_vector();
+    relpos::set_num_threads(2);
+    (void)ops::sasa_projected_attention(x, w, &vb, rr, rc, sp, Act::None, s.H % 2 == 0, nullptr);  // (no cache)
+    const auto two = ops::sasa_projected_attention(x, w, &vb, rr, rc, sp, Act::ReLU, false, &cache).contiguous().to_vector();
+    relpos::set_num_threads(before);
+    CHECK(one == two);
+  }
+}
+
 TEST_CASE("SASA projected attention: the 1x1 projection written straight into the planes gives the op on the projection") {
   // Inference runs a SASA layer's qkv projection into the kernels' planes (rows with no padding
   // columns: a window column off the map reads the next or previous row, masked) with the value
@@ -445,7 +477,11 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
   for (const Geo& s : {Geo{1, 5, 11, 7, 3, 10, 9, 7}, Geo{2, 3, 17, 16, 1, 2, 1, 5}, Geo{1, 9, 8, 5, 2, 16, 8, 9},
                        Geo{1, 2, 2, 3, 2, 6, 5, 7}, Geo{2, 6, 37, 12, 2, 10, 9, 7}, Geo{3, 7, 13, 8, 2, 8, 8, 3},
                        Geo{1, 1, 1, 4, 1, 2, 2, 1}, Geo{1, 12, 56, 16, 1, 8, 8, 7},
-                       Geo{3, 40, 40, 4, 8, 64, 64, 3}, Geo{2, 14, 14, 8, 2, 8, 8, 7}, Geo{1, 4, 18, 6, 3, 4, 10, 5}})  // (one image per chunk of planes: 3 chunks)
+                       Geo{3, 40, 40, 4, 8, 64, 64, 3},  // (one image per chunk of planes: 3 chunks)
+                       Geo{2, 14, 14, 8, 2, 8, 8, 7}, Geo{1, 4, 18, 6, 3, 4, 10, 5},
+                       // few pixels for the weights: dense planes and oneDNN's matmul, in one chunk
+                       // of two 7x7 maps, and in chunks of two and then one 16x16 map
+                       Geo{2, 7, 7, 64, 2, 16, 16, 7}, Geo{3, 16, 16, 132, 4, 128, 128, 7}})
     for (const int threads : {1, 2})
       for (const bool biased : {false, true})
         for (const Act act : {Act::None, Act::ReLU}) {

@@ -43,13 +43,13 @@ Tensor sasa_attention(const Tensor& qkv, const Tensor& r_row, const Tensor& r_co
   RELPOS_DISPATCH(qkv, sasa_attention, qkv, r_row, r_col, spec, probs, act);
 }
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
-                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2) {
+                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2, OpCache* cache) {
   RELPOS_CHECK(act == Act::None || act == Act::ReLU, "local attention: the output activation must be none or relu");
   RELPOS_CHECK(x.is_cpu(), "local attention projection: CPU only (the input is on " << to_string(x.device()) << ")");
   same_device("local attention projection", x, {&w, v_bias, &r_row, &r_col});
   detail::apply_thread_setting();
   const detail::OpTimer timer("sasa_projected_attention", false);
-  return cpu::sasa_projected_attention(x, w, v_bias, r_row, r_col, spec, act, pool2x2);
+  return cpu::sasa_projected_attention(x, w, v_bias, r_row, r_col, spec, act, pool2x2, cache);
 }
 SasaGrads sasa_attention_backward(const Tensor& qkv, const Tensor& r_row, const Tensor& r_col, const SasaSpec& spec,
                                   const Tensor& probs, const Tensor& dout) {

@@ -34,10 +34,12 @@ Tensor activation_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor
 // v_bias (Co) per output channel), as sasa_attention(conv2d(x, w, bias with v_bias on the value
 // rows)) but without the qkv tensor: the projection writes the kernels' planes directly. With
 // pool2x2 (an even map) act(the 2x2 average pool of that), written as the rows are done. Only for
-// finite inputs is it the same to rounding (a window column off the map reads a neighbouring row,
-// with probability 0: an inf or NaN value there would show up as NaN).
+// finite inputs is it the same to rounding (a window column off the map reads a neighbouring row
+// or plane, with probability 0: an inf or NaN value there would show up as NaN). `cache`: the
+// calling layer's, for the projection's oneDNN plan where it uses one (or null: made per call).
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
-                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2 = false);
+                                const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2 = false,
+                                OpCache* cache = nullptr);
 // ops::conv2d with the calling layer's plan cache.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec, const Epilogue& epilogue,
               OpCache* cache);

@@ -85,7 +85,7 @@ void QkvAttention::fold_norm(const std::vector<float>& scale, const std::vector<
 Tensor QkvAttention::infer_folded(const Tensor& x, Act act) const {
   RELPOS_CHECK(folded(), "internal: " << qkv_name_ << " has no folded norm");
   detail::observe_input(qkv_name_, x);  // (int8 calibration sees the projection's input as in infer())
-  const Tensor fused = attend_projected(x, fold_w_, fold_vb_, act);
+  const Tensor fused = attend_projected(x, fold_w_, fold_vb_, act, &fold_cache_);
   if (fused.defined()) return fused;
   const Tensor qkv = ops::conv2d(x, fold_w_, &fold_b_, {}, {}, &fold_cache_);
   if (stride_ == 1) return attend_act(qkv, act);
@@ -229,10 +229,11 @@ Tensor SasaAttention::attend_act(const Tensor& qkv, Act act) const {
   return ops::sasa_attention(qkv, r_row_, r_col_, spec_, nullptr, act);
 }
 
-Tensor SasaAttention::attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act) const {
+Tensor SasaAttention::attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act,
+                                       OpCache* cache) const {
   // (CUDA, or an odd map to pool: the projection and the op, as before)
   if (!x.is_cpu() || (stride_ == 2 && (x.dim(2) % 2 != 0 || x.dim(3) % 2 != 0))) return Tensor();
-  return ops::sasa_projected_attention(x, w, &v_bias, r_row_, r_col_, spec_, act, stride_ == 2);
+  return ops::sasa_projected_attention(x, w, &v_bias, r_row_, r_col_, spec_, act, stride_ == 2, cache);
 }
 
 void SasaAttention::describe(AttentionMaps& m, const Tensor& probs) const {

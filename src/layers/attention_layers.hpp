@@ -52,9 +52,10 @@ class QkvAttention : public Module, public Quantizable {
   virtual Tensor attend_act(const Tensor& qkv, Act act) const { return ops::activation(attend(qkv, nullptr), act); }
   // act(attention of the projection w of x, plus v_bias on each output channel, then the layer's
   // 2x2 average pool at stride 2) in one op, with no qkv tensor in between; undefined where the
-  // layer has no such op for x's device (or map).
-  virtual Tensor attend_projected(const Tensor& /*x*/, const Tensor& /*w*/, const Tensor& /*v_bias*/,
-                                  Act /*act*/) const {
+  // layer has no such op for x's device (or map). `cache`: for the op's plans (kept per shape, as the
+  // caller's for the weights w).
+  virtual Tensor attend_projected(const Tensor& /*x*/, const Tensor& /*w*/, const Tensor& /*v_bias*/, Act /*act*/,
+                                  OpCache* /*cache*/) const {
     return Tensor();
   }
   // d qkv from d attention output, given the saved qkv and probs; sets the position gradients.
@@ -109,7 +110,8 @@ class SasaAttention : public QkvAttention {
  protected:
   Tensor attend(const Tensor& qkv, Tensor* probs) const override;
   Tensor attend_act(const Tensor& qkv, Act act) const override;
-  Tensor attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act) const override;
+  Tensor attend_projected(const Tensor& x, const Tensor& w, const Tensor& v_bias, Act act,
+                          OpCache* cache) const override;
   Tensor attend_backward(const Tensor& qkv, const Tensor& probs, const Tensor& datt) override;
   void collect_positions(const std::string& prefix, std::vector<ParamRef>& out) override;
   void init_positions(Init& init) override;
