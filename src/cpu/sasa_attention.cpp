@@ -147,12 +147,14 @@ std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int thre
 // planes (Ct x N, row-major and dense) = w (Ct x Cin) times the N channels-last pixels px (N x Cin)
 // transposed, by oneDNN's matmul: for a dense output it runs its brgemm kernels, 13 to 19% faster
 // than sgemm at 49 and 196 pixels (tools/bench/README.md). The pixels are its "weights", packed
-// at every call. The primitive depends on the shapes only; `cache` (the layer's) keeps it.
+// at every call. Where oneDNN has no brgemm kernels for this CPU, the sgemm runs instead. The plan
+// depends on the shapes only; `cache` (the layer's) keeps it.
 void project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const float* px, std::int64_t N,
                    float* planes, OpCache* cache) {
   struct Plan {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
+    bool brgemm = false;
   };
   const dnnl::memory::desc src_md({Ct, Cin}, dt::f32, tag::ab);
   const dnnl::memory::desc pixels_md({Cin, N}, dt::f32, dims{1, Cin});  // px read transposed
@@ -163,8 +165,13 @@ void project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const floa
   if (!plan) {
     plan = std::make_shared<Plan>();
     plan->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, pixels_md, dst_md), scratch_attr(), engine());
-    plan->prim = dnnl::matmul(plan->pd);
+    plan->brgemm = std::strncmp(plan->pd.impl_info_str(), "brg", 3) == 0;
+    if (plan->brgemm) plan->prim = dnnl::matmul(plan->pd);
     if (cache) cache->put(key, plan);
+  }
+  if (!plan->brgemm) {  // (e.g. a CPU without AVX-512: not oneDNN's reference matmul)
+    gemm(false, true, Ct, N, Cin, 1.0f, w, Cin, px, Cin, 0.0f, planes, N);
+    return;
   }
   execute(plan->prim, plan->pd.scratchpad_desc(),
           {{DNNL_ARG_SRC, dnnl::memory(src_md, engine(), const_cast<float*>(w))},
