@@ -56,6 +56,7 @@ Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& b
                            ops::BatchStats& stats);
 // Inference: act(local attention of the 1x1 projection w (Ct, Cin, 1, 1) of x, plus v_bias per output
 // channel, 2x2 average pooled with pool2x2) with no qkv tensor in between: sasa_attention.cpp.
+// cache: the calling layer's, for the projection's oneDNN plan (or null: made for this call).
 Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* v_bias, const Tensor& r_row,
                                 const Tensor& r_col, const SasaSpec& spec, Act act, bool pool2x2, OpCache* cache);
 ops::QuantizedTensor max_pool2d_quantized(const ops::QuantizedTensor& x, const ops::PoolSpec& spec);

@@ -16,18 +16,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <string>
 #include <new>
 #include <omp.h>
+#include <string>
 #include <vector>
 
 #include "core/attention_geometry.hpp"
+#include "core/op_cache.hpp"
 #include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "cpu/sasa_planes.hpp"
 #include "cpu/thread_buffer.hpp"
-#include "core/op_cache.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {

@@ -52,8 +52,8 @@ class QkvAttention : public Module, public Quantizable {
   virtual Tensor attend_act(const Tensor& qkv, Act act) const { return ops::activation(attend(qkv, nullptr), act); }
   // act(attention of the projection w of x, plus v_bias on each output channel, then the layer's
   // 2x2 average pool at stride 2) in one op, with no qkv tensor in between; undefined where the
-  // layer has no such op for x's device (or map). `cache`: for the op's plans (kept per shape, as the
-  // caller's for the weights w).
+  // layer has no such op for x's device (or map). `cache`: where the op keeps its plans (the
+  // caller's cache for the weights w).
   virtual Tensor attend_projected(const Tensor& /*x*/, const Tensor& /*w*/, const Tensor& /*v_bias*/, Act /*act*/,
                                   OpCache* /*cache*/) const {
     return Tensor();
