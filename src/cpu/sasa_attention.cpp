@@ -147,9 +147,10 @@ std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int thre
 // planes (Ct x N, row-major and dense) = w (Ct x Cin) times the N channels-last pixels px (N x Cin)
 // transposed, by oneDNN's matmul: for a dense output it runs its brgemm kernels, 13 to 19% faster
 // than sgemm at 49 and 196 pixels (tools/bench/README.md). The pixels are its "weights", packed
-// at every call. Where oneDNN has no brgemm kernels for this CPU, the sgemm runs instead. The plan
-// depends on the shapes only; `cache` (the layer's) keeps it.
-void project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const float* px, std::int64_t N,
+// at every call. Returns false, having done nothing, where oneDNN has no brgemm kernels for this CPU
+// (the caller's sgemm then writes the same planes: never oneDNN's reference matmul). The plan depends
+// on the shapes only; `cache` (the layer's) keeps it.
+bool project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const float* px, std::int64_t N,
                    float* planes, OpCache* cache) {
   struct Plan {
     dnnl::matmul::primitive_desc pd;
@@ -169,14 +170,12 @@ void project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const floa
     if (plan->brgemm) plan->prim = dnnl::matmul(plan->pd);
     if (cache) cache->put(key, plan);
   }
-  if (!plan->brgemm) {  // (e.g. a CPU without AVX-512: not oneDNN's reference matmul)
-    gemm(false, true, Ct, N, Cin, 1.0f, w, Cin, px, Cin, 0.0f, planes, N);
-    return;
-  }
+  if (!plan->brgemm) return false;  // (e.g. a CPU without AVX-512)
   execute(plan->prim, plan->pd.scratchpad_desc(),
           {{DNNL_ARG_SRC, dnnl::memory(src_md, engine(), const_cast<float*>(w))},
            {DNNL_ARG_WEIGHTS, dnnl::memory(pixels_md, engine(), const_cast<float*>(px))},
            {DNNL_ARG_DST, dnnl::memory(dst_md, engine(), planes)}});
+  return true;
 }
 
 }  // namespace
@@ -385,9 +384,8 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       }
       continue;
     }
-    if (dense)  // the whole chunk's planes, on every thread
-      project_dense(w.data(), g.Ct, Cin, x.data() + b0 * HW * Cin, n * HW, planes + front, cache);
-    else
+    // the whole chunk's planes, on every thread
+    if (!dense || !project_dense(w.data(), g.Ct, Cin, x.data() + b0 * HW * Cin, n * HW, planes + front, cache))
       project(0, n * HW);
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)
