@@ -36,7 +36,8 @@ namespace sasa {
 
 std::int64_t scratch_floats(const Planes& p) {
   const std::int64_t kk = static_cast<std::int64_t>(p.k) * p.k;
-  const std::int64_t forward = 2 * kk + 4 * p.k + (p.k + 1) * p.k;  // two rows' L, pr, pc; pooled: merged window
+  // two rows' L, pr and pc; a pooled layer's merged window; a block's queries
+  const std::int64_t forward = 2 * kk + 4 * p.k + (p.k + 1) * p.k + 2 * p.dqk;
   const std::int64_t backward = 2 * kk + 2 * p.k + 2 * static_cast<std::int64_t>(p.k) * p.half;  // backward_head's
   return kMaxLanes * (std::max(forward, backward) + 1);  // whole 64-byte lines
 }
