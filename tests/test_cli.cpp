@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <set>
@@ -221,7 +222,7 @@ TEST_CASE("bench --profile charges every op to the layer it ran in") {
   INFO(r.out);
   REQUIRE(r.status == 0);
   // Two JSON lines: the timing, then the profile.
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"profile\"")));
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
   CHECK(j["runs"] == 3);
   std::set<std::string> layers;
   double sum = 0.0;
@@ -241,6 +242,48 @@ TEST_CASE("bench --profile charges every op to the layer it ran in") {
   CHECK(r.status == 0);
   CHECK(r.out.find("= layer") != std::string::npos);
   CHECK(r.out.find("GMAC/s") != std::string::npos);
+}
+
+TEST_CASE("bench --profile splits the SASA op into its projection and its attention kernels") {
+  const std::string model = relpos::test::source_dir() + "/models/fmnist_sasa.json";
+  Run r = run("bench -m " + model + " --batch 2 --iters 3 --warmup 1 --json --profile", true);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  std::map<std::string, double> op_ms;  // layer -> the SASA op's ms per run
+  std::map<std::string, long> op_calls;
+  for (const auto& row : j["profile"])
+    if (row["op"] == "sasa_projected_attention (cpu)") {
+      op_ms[row["layer"].get<std::string>()] += row["ms_per_run"].get<double>();
+      op_calls[row["layer"].get<std::string>()] += row["calls"].get<long>();
+    }
+  REQUIRE(op_ms.size() == 2);  // stages.1.1 and stages.2.1
+  std::map<std::string, std::set<std::string>> seen;
+  std::map<std::string, double> parts_ms;
+  for (const auto& p : j["parts"]) {
+    const std::string layer = p["layer"].get<std::string>();
+    CHECK(p["op"] == "sasa_projected_attention (cpu)");
+    CHECK(op_ms.count(layer) == 1);
+    CHECK(p["calls"].get<long>() == op_calls[layer]);
+    CHECK(p["ms_per_run"].get<double>() >= 0.0);
+    seen[layer].insert(p["part"].get<std::string>());
+    parts_ms[layer] += p["ms_per_run"].get<double>();
+  }
+  for (const auto& [layer, ms] : op_ms) {
+    CHECK(seen[layer] == std::set<std::string>{"attention", "projection"});
+    CHECK(parts_ms[layer] > 0.0);
+    CHECK(parts_ms[layer] <= ms * 1.0001 + 1e-6);  // inside the op's own time
+  }
+  // as text: indented under the op, in its layer and in the totals by op
+  r = run("bench -m " + model + " --batch 2 --iters 1 --warmup 0 --profile");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("of which projection") != std::string::npos);
+  CHECK(r.out.find("of which attention") != std::string::npos);
+  // a model without SASA has no parts
+  r = run("bench -m " + tiny() + " --batch 2 --iters 1 --warmup 0 --json --profile", true);
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1))["parts"].empty());
 }
 
 TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once, and bad parts are usage errors") {

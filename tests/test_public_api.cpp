@@ -164,3 +164,34 @@ TEST_CASE("threads: the setting and what a call uses") {
   set_num_threads(before);
   CHECK_THROWS_AS(set_num_threads(-1), relpos::Error);
 }
+
+TEST_CASE("profiling: an op's parts are recorded only while profiling is on, and reset_profile clears them") {
+  const Model m = Model::open(test::source_dir() + "/models/fmnist_sasa.json");
+  const Tensor x = Tensor::zeros({1, 1, 28, 28});
+  reset_profile();
+  (void)m.logits(x);
+  CHECK(profile_rows().empty());
+  CHECK(profile_parts().empty());
+  set_profiling(true);
+  (void)m.logits(x);
+  set_profiling(false);
+  const auto rows = profile_rows();
+  const auto parts = profile_parts();
+  REQUIRE(parts.size() == 4);  // projection and attention of stages.1.1 and stages.2.1
+  for (const ProfilePart& p : parts) {
+    INFO(p.layer << " " << p.part);
+    CHECK((p.layer == "stages.1.1" || p.layer == "stages.2.1"));
+    CHECK(p.op == "sasa_projected_attention (cpu)");
+    CHECK((p.part == "projection" || p.part == "attention"));
+    CHECK(p.calls == 1);
+    double op_ms = -1.0;
+    for (const ProfileRow& r : rows)
+      if (r.layer == p.layer && r.op == p.op) op_ms = r.ms;
+    CHECK(p.ms >= 0.0);
+    CHECK(p.ms <= op_ms);
+  }
+  (void)m.logits(x);  // profiling off: nothing more
+  CHECK(profile_parts().size() == 4);
+  reset_profile();
+  CHECK(profile_parts().empty());
+}

@@ -45,6 +45,17 @@ struct ProfileRow {
 };
 void set_profiling(bool on);
 std::vector<ProfileRow> profile_rows();  // in the order the layers first ran, ops by time within each
+// Some ops also time their phases: sasa_projected_attention its "projection" (the qkv planes) and
+// its "attention" (the window kernels). A part's time is inside its op's row, so a sum over the
+// rows must not add the parts again.
+struct ProfilePart {
+  std::string layer;  // "stages.1.0"
+  std::string op;     // "sasa_projected_attention (cpu)": the row it belongs to
+  std::string part;   // "projection"
+  long calls = 0;
+  double ms = 0.0;  // total wall time
+};
+std::vector<ProfilePart> profile_parts();  // in the order the layers first ran, parts by time within each
 void reset_profile();
 
 }  // namespace relpos

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/device_memory.hpp"
@@ -27,6 +28,8 @@ struct Totals {
 std::atomic<bool> g_layer_profiling{false};
 thread_local const std::string* t_layer = nullptr;
 thread_local int t_depth = 0;
+thread_local const char* t_op = nullptr;  // the outermost op running on this thread
+thread_local bool t_op_cuda = false;
 
 class Profile {
  public:
@@ -55,6 +58,36 @@ class Profile {
       t.ms += ms;
     }
   }
+  void add_part(const char* op, bool cuda, const char* part, double ms, const std::string* layer) {
+    const std::string name = std::string(op) + (cuda ? " (cuda)" : " (cpu)");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (env()) {
+      Totals& t = by_op_[name + " / " + part];
+      ++t.calls;
+      t.ms += ms;
+    }
+    if (g_layer_profiling) {
+      const std::string l = layer ? *layer : std::string();
+      auto it = layer_order_.find(l);
+      if (it == layer_order_.end()) it = layer_order_.emplace(l, layer_order_.size()).first;
+      Totals& t = parts_[{it->second, name, part}];
+      ++t.calls;
+      t.ms += ms;
+    }
+  }
+  std::vector<ProfilePart> parts() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> names(layer_order_.size());
+    for (const auto& [l, i] : layer_order_) names[i] = l;
+    std::vector<ProfilePart> out;
+    for (const auto& [key, t] : parts_)
+      out.push_back({names[std::get<0>(key)], std::get<1>(key), std::get<2>(key), t.calls, t.ms});
+    std::stable_sort(out.begin(), out.end(), [&](const ProfilePart& a, const ProfilePart& b) {
+      const std::size_t ia = layer_order_.at(a.layer), ib = layer_order_.at(b.layer);
+      return ia != ib ? ia < ib : a.ms > b.ms;
+    });
+    return out;
+  }
   std::vector<ProfileRow> rows() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::string> names(layer_order_.size());
@@ -70,6 +103,7 @@ class Profile {
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     by_layer_.clear();
+    parts_.clear();
     layer_order_.clear();
   }
 
@@ -95,6 +129,7 @@ class Profile {
   std::map<std::string, Totals> by_op_;
   std::map<std::string, std::size_t> layer_order_;
   std::map<std::pair<std::size_t, std::string>, Totals> by_layer_;
+  std::map<std::tuple<std::size_t, std::string, std::string>, Totals> parts_;  // (layer, op, part)
 };
 
 bool timing() { return g_layer_profiling.load(std::memory_order_relaxed) || Profile::env(); }
@@ -117,6 +152,10 @@ OpTimer::OpTimer(const char* op, bool cuda) {
   op_ = op;
   cuda_ = cuda;
   outermost_ = t_depth++ == 0;
+  if (outermost_) {
+    t_op = op;
+    t_op_cuda = cuda;
+  }
   if (cuda_) cuda_synchronize();
   start_ = std::chrono::steady_clock::now();
 }
@@ -125,8 +164,15 @@ OpTimer::~OpTimer() {
   if (!op_) return;
   if (cuda_) cuda_synchronize();
   --t_depth;
+  if (outermost_) t_op = nullptr;
   Profile::get().add(op_, cuda_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(),
                      t_layer, outermost_);
+}
+
+bool op_parts_wanted() { return t_op != nullptr; }
+
+void add_op_part(const char* part, double ms) {
+  if (t_op) Profile::get().add_part(t_op, t_op_cuda, part, ms, t_layer);
 }
 
 }  // namespace detail
@@ -137,6 +183,8 @@ void set_profiling(bool on) {
 }
 
 std::vector<ProfileRow> profile_rows() { return detail::Profile::get().rows(); }
+
+std::vector<ProfilePart> profile_parts() { return detail::Profile::get().parts(); }
 
 void reset_profile() { detail::Profile::get().reset(); }
 

@@ -37,4 +37,10 @@ class OpTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// A phase of the outermost op running on this thread (profile_parts()): `ms` of its time went to
+// `part` (a string literal). Nothing outside an op or while profiling is off.
+void add_op_part(const char* part, double ms);
+// Whether add_op_part would record anything: skip the clock reads when not.
+bool op_parts_wanted();
+
 }  // namespace relpos::detail

@@ -13,6 +13,7 @@
 // planes itself (by sgemm, or by oneDNN's matmul where the planes are dense).
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -23,6 +24,7 @@
 
 #include "core/attention_geometry.hpp"
 #include "core/op_cache.hpp"
+#include "core/op_profile.hpp"
 #include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
@@ -309,6 +311,13 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   const std::int64_t oh = pool2x2 ? H / 2 : H, ow = pool2x2 ? W / 2 : W;
   Tensor out({B, g.Co, oh, ow}, Device::CPU, Layout::ChannelsLast);
   if (B == 0 || H == 0 || W == 0) return out;  // (an empty batch or map: nothing to chunk)
+  // With profiling on, the op's time in two parts (profile_parts()): "attention" is the window
+  // kernels, "projection" the rest (the planes' setup and the qkv products).
+  using Clock = std::chrono::steady_clock;
+  const bool parts = detail::op_parts_wanted();
+  const Clock::time_point op_start = parts ? Clock::now() : Clock::time_point{};
+  double attention_ms = 0.0;
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const sasa::Kernels& kern = sasa::kernels(static_cast<int>(W));
   sasa::Planes p = planes_of(g, r_row, r_col, kern);
   p.relu = act == Act::ReLU;
@@ -374,20 +383,24 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       // the later stages keep oneDNN's own split of one sgemm.
       const std::int64_t units = n * pairs;  // (image, row pair)
       const auto first_pixel = [&](std::int64_t u) { return (u / pairs) * HW + 2 * (u % pairs) * W; };
+      Clock::time_point kernels_start{};
 #pragma omp parallel
       {
         const int T = omp_get_num_threads(), t = omp_get_thread_num();
         const std::int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
         if (u0 < u1) project(first_pixel(u0), u1 == units ? n * HW : first_pixel(u1));
 #pragma omp barrier
+        if (parts && t == 0) kernels_start = Clock::now();  // (every band projected)
         for (int h = 0; h < g.heads; ++h)
           for (std::int64_t u = u0; u < u1; ++u) run(u / pairs, h, static_cast<int>(2 * (u % pairs)));
       }
+      if (parts) attention_ms += since(kernels_start);
       continue;
     }
     // the whole chunk's planes, on every thread
     if (!dense || !project_dense(w.data(), g.Ct, Cin, x.data() + b0 * HW * Cin, n * HW, planes + front, cache))
       project(0, n * HW);
+    const Clock::time_point kernels_start = parts ? Clock::now() : Clock::time_point{};
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)
       for (std::int64_t u = 0; u < n * g.heads; ++u)
@@ -395,6 +408,11 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
     } else {
       for_row_pairs(n, g.heads, p.H, run);
     }
+    if (parts) attention_ms += since(kernels_start);
+  }
+  if (parts) {
+    detail::add_op_part("projection", since(op_start) - attention_ms);
+    detail::add_op_part("attention", attention_ms);
   }
   return out;
 }

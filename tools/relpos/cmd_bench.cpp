@@ -165,6 +165,7 @@ double total_macs(const std::vector<LayerRow>& layers) {
 // share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond.
 void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, std::size_t runs) {
   const auto rows = profile_rows();
+  const auto parts = profile_parts();  // inside their op's row: never added to a total
   const auto layers = net.summarize(static_cast<int>(batch));
   double total = 0.0;
   for (const auto& r : rows) total += r.ms;
@@ -179,7 +180,10 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : rows)
       j.push_back({{"layer", r.layer}, {"op", r.op}, {"calls", r.calls}, {"ms_per_run", r.ms / n}});
-    std::cout << nlohmann::json{{"profile", j}, {"runs", runs}}.dump() << "\n";
+    nlohmann::json jp = nlohmann::json::array();
+    for (const auto& p : parts)
+      jp.push_back({{"layer", p.layer}, {"op", p.op}, {"part", p.part}, {"calls", p.calls}, {"ms_per_run", p.ms / n}});
+    std::cout << nlohmann::json{{"profile", j}, {"parts", jp}, {"runs", runs}}.dump() << "\n";
     return;
   }
   std::cout << "profile of " << runs << " runs (each op waits for the device; ms per run):\n"
@@ -197,6 +201,11 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
       std::cout << std::left << std::setw(14) << (k == i ? (layer.empty() ? "(outside)" : layer) : "") << std::setw(34)
                 << r.op << std::right << std::fixed << std::setprecision(3) << std::setw(10) << r.ms / n
                 << std::setprecision(1) << std::setw(7) << 100.0 * r.ms / total << "%\n";
+      for (const auto& p : parts)  // the op's phases, indented under it
+        if (p.layer == layer && p.op == r.op)
+          std::cout << std::left << std::setw(14) << "" << std::setw(34) << ("  of which " + p.part) << std::right
+                    << std::fixed << std::setprecision(3) << std::setw(10) << p.ms / n << std::setprecision(1)
+                    << std::setw(7) << 100.0 * p.ms / total << "%\n";
     }
     const double macs = layer.empty() ? 0.0 : macs_of(layer);
     if (k - i > 1 || macs > 0) {
@@ -212,9 +221,17 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
   std::cout << "by op:\n";
   std::vector<std::pair<std::string, double>> ops(by_op.begin(), by_op.end());
   std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  for (const auto& [op, ms] : ops)
+  std::map<std::pair<std::string, std::string>, double> by_part;  // (op, part)
+  for (const auto& p : parts) by_part[{p.op, p.part}] += p.ms;
+  for (const auto& [op, ms] : ops) {
     std::cout << "  " << std::left << std::setw(46) << op << std::right << std::fixed << std::setprecision(3)
               << std::setw(10) << ms / n << std::setprecision(1) << std::setw(7) << 100.0 * ms / total << "%\n";
+    for (const auto& [key, pms] : by_part)
+      if (key.first == op)
+        std::cout << "  " << std::left << std::setw(46) << ("  of which " + key.second) << std::right << std::fixed
+                  << std::setprecision(3) << std::setw(10) << pms / n << std::setprecision(1) << std::setw(7)
+                  << 100.0 * pms / total << "%\n";
+  }
   const double all_macs = total_macs(layers);
   std::cout << std::setprecision(1) << "total " << std::setprecision(3) << total / n << " ms per run in ops, "
             << std::setprecision(2) << all_macs / 1e9 << " GMACs: " << std::setprecision(1)
