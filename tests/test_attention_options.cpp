@@ -464,6 +464,47 @@ TEST_CASE("SASA projected attention: the same bits on one and two threads, with 
   }
 }
 
+TEST_CASE("SASA projected attention: a call whose input held NaN leaves nothing behind for the next") {
+  // Every layer writes its planes into one buffer of the calling thread; what a layer of another
+  // shape left there (here NaN everywhere its maps were) lies where this layer's guards are, which
+  // its masked window columns read. Banded planes in one chunk and with a short last chunk, dense
+  // planes with a short last chunk; one and two threads.
+  struct Geo {
+    int B, H, W, Cin, heads, d;
+  };
+  const int before = relpos::num_threads();
+  for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{3, 32, 32, 16, 4, 32}, Geo{3, 16, 16, 132, 4, 128}})
+    for (const int threads : {1, 2}) {
+      CAPTURE(s.W);
+      CAPTURE(s.Cin);
+      CAPTURE(threads);
+      SasaSpec sp;
+      sp.heads = s.heads, sp.dqk = s.d, sp.dv = s.d, sp.kernel = 7;
+      std::mt19937 rng(static_cast<std::uint32_t>(700 + s.Cin));
+      const Shape xs{s.B, s.Cin, s.H, s.W}, ws{sp.channels_qkv(), s.Cin, 1, 1}, es{7, s.d / 2};
+      const Tensor x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
+      const Tensor w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.1));
+      const Tensor rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+      const Tensor rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+      relpos::set_num_threads(threads);
+      const auto want = ops::sasa_projected_attention(x, w, nullptr, rr, rc, sp, Act::None, false).contiguous().to_vector();
+      // other planes: wider ones (more floats), and narrower but more pixels (their maps start
+      // before this layer's first and run past its last)
+      for (const Shape& nan_shape : {Shape{s.B + 1, s.Cin, s.H + 3, s.W + 5}, Shape{s.B + 1, s.Cin, s.H + 4, s.W - 3}}) {
+        CAPTURE(nan_shape[3]);
+        const Tensor nan_x = Tensor::full(nan_shape, std::nanf("")).channels_last();
+        const auto poisoned = ops::sasa_projected_attention(nan_x, w, nullptr, rr, rc, sp, Act::None, false).to_vector();
+        CHECK(std::isnan(poisoned[0]));
+        const auto got = ops::sasa_projected_attention(x, w, nullptr, rr, rc, sp, Act::None, false).contiguous().to_vector();
+        std::size_t nan = 0;
+        for (const float v : got) nan += std::isnan(v) ? 1 : 0;
+        CHECK(nan == 0);
+        CHECK(got == want);
+      }
+    }
+  relpos::set_num_threads(before);
+}
+
 TEST_CASE("SASA projected attention: the 1x1 projection written straight into the planes gives the op on the projection") {
   // Inference runs a SASA layer's qkv projection into the kernels' planes (rows with no padding
   // columns: a window column off the map reads the next or previous row, masked) with the value
