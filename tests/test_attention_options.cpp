@@ -433,6 +433,27 @@ TEST_CASE("SASA local attention: the output activation is ReLU of the plain outp
                        Error);
 }
 
+namespace {
+// A projected SASA layer of `heads` heads of d channels (k = 7) on B images of Cin channels and
+// H x W pixels, with random weights, position tables and value bias drawn from `seed`.
+struct ProjectedLayer {
+  SasaSpec sp;
+  Tensor x, w, rr, rc, vb;
+};
+ProjectedLayer projected_layer(int B, int H, int W, int Cin, int heads, int d, std::uint32_t seed) {
+  ProjectedLayer l;
+  l.sp.heads = heads, l.sp.dqk = d, l.sp.dv = d, l.sp.kernel = 7;
+  std::mt19937 rng(seed);
+  const Shape xs{B, Cin, H, W}, ws{l.sp.channels_qkv(), Cin, 1, 1}, es{7, d / 2};
+  l.x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
+  l.w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.1));
+  l.rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+  l.rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+  l.vb = to_t({l.sp.channels_out()}, random_vec(static_cast<std::size_t>(l.sp.channels_out()), rng, 1.0));
+  return l;
+}
+}  // namespace
+
 TEST_CASE("SASA projected attention: the same bits on one and two threads, with guarded and with dense planes") {
   // The projection by sgemm into planes with guards (many pixels for the weights: each thread
   // projects its own rows) and by oneDNN's matmul into dense planes (few pixels: one product over
@@ -443,15 +464,9 @@ TEST_CASE("SASA projected attention: the same bits on one and two threads, with 
   for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{2, 7, 7, 64, 2, 16}, Geo{3, 16, 16, 132, 4, 128}}) {
     CAPTURE(s.W);
     CAPTURE(s.Cin);
-    SasaSpec sp;
-    sp.heads = s.heads, sp.dqk = s.d, sp.dv = s.d, sp.kernel = 7;
-    std::mt19937 rng(static_cast<std::uint32_t>(500 + s.Cin));
-    const Shape xs{s.B, s.Cin, s.H, s.W}, ws{sp.channels_qkv(), s.Cin, 1, 1}, es{7, s.d / 2};
-    const Tensor x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
-    const Tensor w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.1));
-    const Tensor rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
-    const Tensor rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
-    const Tensor vb = to_t({sp.channels_out()}, random_vec(static_cast<std::size_t>(sp.channels_out()), rng, 1.0));
+    const ProjectedLayer l = projected_layer(s.B, s.H, s.W, s.Cin, s.heads, s.d, static_cast<std::uint32_t>(500 + s.Cin));
+    const SasaSpec& sp = l.sp;
+    const Tensor &x = l.x, &w = l.w, &rr = l.rr, &rc = l.rc, &vb = l.vb;
     const int before = relpos::num_threads();
     OpCache cache;
     relpos::set_num_threads(1);
@@ -478,14 +493,9 @@ TEST_CASE("SASA projected attention: a call whose input held NaN leaves nothing 
       CAPTURE(s.W);
       CAPTURE(s.Cin);
       CAPTURE(threads);
-      SasaSpec sp;
-      sp.heads = s.heads, sp.dqk = s.d, sp.dv = s.d, sp.kernel = 7;
-      std::mt19937 rng(static_cast<std::uint32_t>(700 + s.Cin));
-      const Shape xs{s.B, s.Cin, s.H, s.W}, ws{sp.channels_qkv(), s.Cin, 1, 1}, es{7, s.d / 2};
-      const Tensor x = to_t(xs, random_vec(static_cast<std::size_t>(numel_of(xs)), rng, 1.0)).channels_last();
-      const Tensor w = to_t(ws, random_vec(static_cast<std::size_t>(numel_of(ws)), rng, 0.1));
-      const Tensor rr = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
-      const Tensor rc = to_t(es, random_vec(static_cast<std::size_t>(numel_of(es)), rng, 0.5));
+      const ProjectedLayer l = projected_layer(s.B, s.H, s.W, s.Cin, s.heads, s.d, static_cast<std::uint32_t>(700 + s.Cin));
+      const SasaSpec& sp = l.sp;
+      const Tensor &x = l.x, &w = l.w, &rr = l.rr, &rc = l.rc;
       relpos::set_num_threads(threads);
       const auto want = ops::sasa_projected_attention(x, w, nullptr, rr, rc, sp, Act::None, false).contiguous().to_vector();
       // other planes: wider ones (more floats), and narrower but more pixels (their maps start
