@@ -162,7 +162,8 @@ double total_macs(const std::vector<LayerRow>& layers) {
 }
 
 // The --profile table: per layer (stem, each block, head) its ops' milliseconds per run, the
-// share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond.
+// share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond; an op
+// that times its parts (profile_parts()) has them indented under it, counted once, in its row.
 void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, std::size_t runs) {
   const auto rows = profile_rows();
   const auto parts = profile_parts();  // inside their op's row: never added to a total
@@ -368,7 +369,8 @@ void register_bench(CLI::App& app) {
   sub->add_flag("--backward", args->backward, "Attention: time forward and backward");
   sub->add_option("--attention", args->attention, "Time the attention op alone on an H W map")->expected(2);
   sub->add_flag("--profile", args->profile,
-                "Also print where the time goes: each layer's ops (ms per run, share, multiply-adds per second)");
+                "Also print where the time goes: each layer's ops (ms per run, share, multiply-adds per second), "
+                "a SASA op split into its projection and its attention kernels");
   sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
   sub->add_option("--sasa", args->sasa, "Attention: time SASA local attention with this (odd) window instead of BoTNet's")
