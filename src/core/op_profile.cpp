@@ -41,11 +41,12 @@ class Profile {
     static const bool on = std::getenv("RELPOS_PROFILE") && std::getenv("RELPOS_PROFILE")[0] != '0';
     return on;
   }
-  void add(const char* op, bool cuda, double ms, const std::string* layer, bool outermost) {
+  // One op's time (part null), or a part of the outermost op's (profile_parts()).
+  void add(const char* op, bool cuda, const char* part, double ms, const std::string* layer, bool outermost) {
     const std::string name = std::string(op) + (cuda ? " (cuda)" : " (cpu)");
     std::lock_guard<std::mutex> lock(mutex_);
     if (env()) {
-      Totals& t = by_op_[name];
+      Totals& t = by_op_[part ? name + " / " + part : name];
       ++t.calls;
       t.ms += ms;
     }
@@ -53,51 +54,26 @@ class Profile {
       const std::string l = layer ? *layer : std::string();
       auto it = layer_order_.find(l);
       if (it == layer_order_.end()) it = layer_order_.emplace(l, layer_order_.size()).first;
-      Totals& t = by_layer_[{it->second, name}];
-      ++t.calls;
-      t.ms += ms;
-    }
-  }
-  void add_part(const char* op, bool cuda, const char* part, double ms, const std::string* layer) {
-    const std::string name = std::string(op) + (cuda ? " (cuda)" : " (cpu)");
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (env()) {
-      Totals& t = by_op_[name + " / " + part];
-      ++t.calls;
-      t.ms += ms;
-    }
-    if (g_layer_profiling) {
-      const std::string l = layer ? *layer : std::string();
-      auto it = layer_order_.find(l);
-      if (it == layer_order_.end()) it = layer_order_.emplace(l, layer_order_.size()).first;
-      Totals& t = parts_[{it->second, name, part}];
+      Totals& t = part ? parts_[{it->second, name, part}] : by_layer_[{it->second, name}];
       ++t.calls;
       t.ms += ms;
     }
   }
   std::vector<ProfilePart> parts() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::string> names(layer_order_.size());
-    for (const auto& [l, i] : layer_order_) names[i] = l;
+    const std::vector<std::string> names = layer_names();
     std::vector<ProfilePart> out;
     for (const auto& [key, t] : parts_)
       out.push_back({names[std::get<0>(key)], std::get<1>(key), std::get<2>(key), t.calls, t.ms});
-    std::stable_sort(out.begin(), out.end(), [&](const ProfilePart& a, const ProfilePart& b) {
-      const std::size_t ia = layer_order_.at(a.layer), ib = layer_order_.at(b.layer);
-      return ia != ib ? ia < ib : a.ms > b.ms;
-    });
+    sort_by_layer(out);
     return out;
   }
   std::vector<ProfileRow> rows() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::string> names(layer_order_.size());
-    for (const auto& [l, i] : layer_order_) names[i] = l;
+    const std::vector<std::string> names = layer_names();
     std::vector<ProfileRow> out;
     for (const auto& [key, t] : by_layer_) out.push_back({names[key.first], key.second, t.calls, t.ms});
-    std::stable_sort(out.begin(), out.end(), [&](const ProfileRow& a, const ProfileRow& b) {
-      const std::size_t ia = layer_order_.at(a.layer), ib = layer_order_.at(b.layer);
-      return ia != ib ? ia < ib : a.ms > b.ms;
-    });
+    sort_by_layer(out);
     return out;
   }
   void reset() {
@@ -108,6 +84,20 @@ class Profile {
   }
 
  private:
+  // (mutex_ held) the layers by index, in the order they first ran
+  std::vector<std::string> layer_names() const {
+    std::vector<std::string> names(layer_order_.size());
+    for (const auto& [l, i] : layer_order_) names[i] = l;
+    return names;
+  }
+  // (mutex_ held) rows or parts in the order their layers first ran, the slowest first within each
+  template <typename Row>
+  void sort_by_layer(std::vector<Row>& rows) const {
+    std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+      const std::size_t ia = layer_order_.at(a.layer), ib = layer_order_.at(b.layer);
+      return ia != ib ? ia < ib : a.ms > b.ms;
+    });
+  }
   Profile() {
     if (env()) std::atexit([] { get().print(); });
   }
@@ -165,14 +155,15 @@ OpTimer::~OpTimer() {
   if (cuda_) cuda_synchronize();
   --t_depth;
   if (outermost_) t_op = nullptr;
-  Profile::get().add(op_, cuda_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(),
+  Profile::get().add(op_, cuda_, nullptr,
+                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(),
                      t_layer, outermost_);
 }
 
 bool op_parts_wanted() { return t_op != nullptr; }
 
 void add_op_part(const char* part, double ms) {
-  if (t_op) Profile::get().add_part(t_op, t_op_cuda, part, ms, t_layer);
+  if (t_op) Profile::get().add(t_op, t_op_cuda, part, ms, t_layer, /*outermost=*/true);
 }
 
 }  // namespace detail

@@ -126,22 +126,6 @@ float* plane_buffer(const PlaneLayout& layout, std::int64_t floats, bool* clean)
   return entries.back().data.get();
 }
 
-// The planes of sasa_projected_attention, `floats` of them: one buffer of the calling thread for
-// every layer (the largest layer's size), so that a layer writes its planes where the layer before
-// it had just read its own, still in the caches, where a buffer per layer would be last touched one
-// inference earlier (sasa_resnet26 at batch 1 0.5 to 0.9% faster and 8 MB smaller,
-// tools/bench/README.md). Zero when it grows; each call writes its own guards.
-float* projected_planes(std::int64_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local std::int64_t size = 0;
-  if (floats > size) {
-    buffer.reset();  // (the old one first: the two need not fit together)
-    buffer.reset(new float[static_cast<std::size_t>(floats)]());
-    size = floats;
-  }
-  return buffer.get();
-}
-
 // run(i, h, y) for the row pairs y = 0, 2, ... of every head of images [0, n), split over the
 // threads (when there are fewer (image, head) pairs than threads).
 template <typename Run>
@@ -345,7 +329,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   // window rows they take are the map's own. Guards before the first map (the kernels' plane
   // pointer, r padding rows and columns before pixel (0, 0), stays inside) and after the last (for
   // the lanes past the last row's end) hold zeros, written at every chunk: the buffer is shared
-  // by every layer (projected_planes), so whatever another layer left there is overwritten.
+  // by every layer, so whatever another layer left there is overwritten.
   // With few pixels for the weights (the later stages: `dense`), the planes have no guards of their
   // own: one before the first plane and one after the last, the planes of a chunk of n images n * HW
   // floats apart, so that the projection's output is one dense matrix. A column off the map at
@@ -356,8 +340,12 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   const std::int64_t G = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (g.Ct * HW), 1, B);  // ~4 MiB
   const bool dense = G * HW < 4 * Cin;  // (then every chunk takes the one-projection path below)
   const std::int64_t P = dense ? G * HW : front + G * HW + back;
-  // the guard in front of plane 0 starts here
-  float* planes = projected_planes(dense ? front + g.Ct * P + back : g.Ct * P);
+  // One buffer of the calling thread for every layer (the largest layer's size), so that a layer
+  // writes its planes where the layer before it had just read its own, still in the caches, where a
+  // buffer per layer would be last touched one inference earlier (sasa_resnet26 at batch 1 0.5 to
+  // 0.9% faster and 8 MB smaller, tools/bench/README.md). Each chunk writes its own guards. The
+  // guard in front of plane 0 starts here.
+  float* planes = thread_buffer(ThreadBuffer::SasaProjectedPlanes, dense ? front + g.Ct * P + back : g.Ct * P);
   const int threads = omp_get_max_threads();
   const std::int64_t S = sasa::scratch_floats(p);
   float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
