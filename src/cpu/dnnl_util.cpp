@@ -1,6 +1,7 @@
 #include "cpu/dnnl_util.hpp"
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "relpos/error.hpp"
@@ -52,6 +53,15 @@ dnnl::primitive_attr scratch_attr() {
   dnnl::primitive_attr a;
   a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   return a;
+}
+
+bool brgemm_matmul() {
+  static const bool on = [] {
+    const dnnl::memory::desc a({64, 64}, dt::f32, tag::ab), b({64, 64}, dt::f32, tag::any);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, a), engine());
+    return std::strncmp(pd.impl_info_str(), "brg", 3) == 0;
+  }();
+  return on;
 }
 
 namespace {

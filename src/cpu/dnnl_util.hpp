@@ -27,6 +27,9 @@ dnnl::memory mem(const dnnl::memory::desc& md, const float* p);
 
 // Primitive attributes with the user scratchpad mode set.
 dnnl::primitive_attr scratch_attr();
+// Whether oneDNN runs a float32 matmul through its brgemm kernels on this CPU (AVX-512, unless
+// ONEDNN_MAX_CPU_ISA caps it). Probed once.
+bool brgemm_matmul();
 // Runs a primitive on the calling thread's stream with a scratchpad of the calling thread.
 void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_md,
              std::unordered_map<int, dnnl::memory> args);

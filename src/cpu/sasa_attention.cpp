@@ -10,7 +10,8 @@
 // forward and (image, head) in the backward, and the backward's planes are gathered back into
 // channels-last. Every value is computed in one fixed order, whatever the thread count. Inference
 // of a folded layer (sasa_projected_attention) skips the spread: its 1x1 projection writes the
-// planes itself (by sgemm, or by oneDNN's matmul where the planes are dense).
+// planes itself (by sgemm), or, with few pixels for the weights, runs head by head (a oneDNN matmul
+// per head into the thread's buffer, its planes made there).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -147,37 +148,161 @@ std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int thre
   return std::clamp<std::int64_t>(want, 1, B);
 }
 
-// planes (Ct x N, row-major and dense) = w (Ct x Cin) times the N channels-last pixels px (N x Cin)
-// transposed, by oneDNN's matmul: for a dense output it runs its brgemm kernels, 13 to 19% faster
-// than sgemm at 49 and 196 pixels (tools/bench/README.md). The pixels are its "weights", packed
-// at every call. Returns false, having done nothing, where oneDNN has no brgemm kernels for this CPU
-// (the caller's sgemm then writes the same planes: never oneDNN's reference matmul). The plan depends
-// on the shapes only; `cache` (the layer's) keeps it.
-bool project_dense(const float* w, std::int64_t Ct, std::int64_t Cin, const float* px, std::int64_t N,
-                   float* planes, OpCache* cache) {
-  struct Plan {
-    dnnl::matmul::primitive_desc pd;
-    dnnl::matmul prim;
-    bool brgemm = false;
-  };
-  const dnnl::memory::desc src_md({Ct, Cin}, dt::f32, tag::ab);
-  const dnnl::memory::desc pixels_md({Cin, N}, dt::f32, dims{1, Cin});  // px read transposed
-  const dnnl::memory::desc dst_md({Ct, N}, dt::f32, tag::ab);
-  const std::string key = "sasa_projection:" + std::to_string(omp_get_max_threads()) + ":" + std::to_string(Ct) +
-                          "," + std::to_string(Cin) + "," + std::to_string(N);
-  std::shared_ptr<Plan> plan = cache ? std::static_pointer_cast<Plan>(cache->find(key)) : nullptr;
-  if (!plan) {
-    plan = std::make_shared<Plan>();
-    plan->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, pixels_md, dst_md), scratch_attr(), engine());
-    plan->brgemm = std::strncmp(plan->pd.impl_info_str(), "brg", 3) == 0;
-    if (plan->brgemm) plan->prim = dnnl::matmul(plan->pd);
-    if (cache) cache->put(key, plan);
+// The projection head by head (attend_by_head, below), where oneDNN has brgemm kernels for this
+// CPU (AVX-512): a single-threaded matmul primitive for M pixels (to run inside a parallel region)
+// and each head's q, k and v rows of w, (hc x Cin) for hc = 2 dqk + dv, packed once for it. The
+// layer's cache keeps them (its `use_weights` empties it for other weights); plans depend on the
+// shapes.
+struct HeadRows {
+  dnnl::memory::desc md;             // the packed layout
+  std::vector<dnnl::memory> packed;  // per head
+};
+struct HeadMatmul {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  std::shared_ptr<HeadRows> rows;
+  bool brgemm = false;
+};
+
+std::shared_ptr<HeadRows> pack_head_rows(const float* w, const SasaGeometry& g, std::int64_t Cin,
+                                         const dnnl::memory::desc& md) {
+  auto rows = std::make_shared<HeadRows>();
+  rows->md = md;
+  const std::int64_t hc = 2 * g.dqk + g.dv;
+  std::vector<float> plain(static_cast<std::size_t>(hc * Cin));
+  for (int h = 0; h < g.heads; ++h) {
+    // the head's q, then its k, then its v channels (sasa::Planes' order)
+    const std::int64_t first[3] = {static_cast<std::int64_t>(h) * g.dqk, static_cast<std::int64_t>(g.heads + h) * g.dqk,
+                                   2 * static_cast<std::int64_t>(g.heads) * g.dqk + static_cast<std::int64_t>(h) * g.dv};
+    const std::int64_t count[3] = {g.dqk, g.dqk, g.dv};
+    float* dst = plain.data();
+    for (int part = 0; part < 3; ++part) {
+      std::copy(w + first[part] * Cin, w + (first[part] + count[part]) * Cin, dst);
+      dst += count[part] * Cin;
+    }
+    dnnl::memory src(dnnl::memory::desc({Cin, hc}, dt::f32, dims{1, Cin}), engine(), plain.data());
+    rows->packed.emplace_back(md, engine());
+    dnnl::reorder(src, rows->packed.back()).execute(stream(), src, rows->packed.back());
+    stream().wait();
   }
-  if (!plan->brgemm) return false;  // (e.g. a CPU without AVX-512)
-  execute(plan->prim, plan->pd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, dnnl::memory(src_md, engine(), const_cast<float*>(w))},
-           {DNNL_ARG_WEIGHTS, dnnl::memory(pixels_md, engine(), const_cast<float*>(px))},
-           {DNNL_ARG_DST, dnnl::memory(dst_md, engine(), planes)}});
+  return rows;
+}
+
+std::shared_ptr<HeadMatmul> head_matmul(const float* w, const SasaGeometry& g, std::int64_t Cin, std::int64_t M,
+                                        OpCache* cache) {
+  const std::int64_t hc = 2 * g.dqk + g.dv;
+  const std::string shape = std::to_string(g.heads) + "x" + std::to_string(hc) + "," + std::to_string(Cin);
+  const std::string key = "sasa_head_matmul:" + shape + "," + std::to_string(M);
+  std::shared_ptr<HeadMatmul> plan = cache ? std::static_pointer_cast<HeadMatmul>(cache->find(key)) : nullptr;
+  if (plan) return plan;
+  plan = std::make_shared<HeadMatmul>();
+  {
+    // a primitive for one thread: oneDNN sizes its split by the caller's OpenMP thread count
+    struct OneThread {
+      const int saved = omp_get_max_threads();
+      OneThread() { omp_set_num_threads(1); }
+      ~OneThread() { omp_set_num_threads(saved); }
+    } one;
+    plan->pd = dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(dnnl::memory::desc({M, Cin}, dt::f32, tag::ab), dnnl::memory::desc({Cin, hc}, dt::f32, tag::any),
+                           dnnl::memory::desc({M, hc}, dt::f32, tag::ab)),
+        scratch_attr(), engine());
+  }
+  plan->brgemm = std::strncmp(plan->pd.impl_info_str(), "brg", 3) == 0;
+  if (plan->brgemm) {
+    plan->prim = dnnl::matmul(plan->pd);
+    // the packed rows, shared by the plans of every M that packs them the same way
+    const std::string rkey = "sasa_head_rows:" + shape;
+    plan->rows = cache ? std::static_pointer_cast<HeadRows>(cache->find(rkey)) : nullptr;
+    if (!plan->rows || plan->rows->md != plan->pd.weights_desc()) {
+      plan->rows = pack_head_rows(w, g, Cin, plan->pd.weights_desc());
+      if (cache) cache->put(rkey, plan->rows);
+    }
+  }
+  if (cache) cache->put(key, plan);
+  return plan;
+}
+
+// Images per task of attend_by_head: the largest divisor m of n whose m images stay within
+// kHeadPixels pixels, so that a task's q, k and v, channels-last and as planes, stay in the L2
+// cache. It does not depend on the thread count, so that neither do the products' shapes.
+constexpr std::int64_t kHeadPixels = 256;
+std::int64_t head_group(std::int64_t n, std::int64_t HW) {
+  std::int64_t m = std::max<std::int64_t>(1, std::min(n, kHeadPixels / std::max<std::int64_t>(HW, 1)));
+  while (n % m != 0) --m;
+  return m;
+}
+
+// The attention of images [b0, b0 + n) head by head, where oneDNN has brgemm kernels for this CPU
+// (AVX-512): each task is one head of a group of m images. A single-threaded matmul with the head's
+// packed rows writes that head's q, k and v of the group channels-last into a buffer of the thread,
+// they are turned into planes in the same buffer, and the kernels run on every row of the group:
+// all of it within the thread's L2 cache, no thread reads planes another wrote, and the pixels are
+// not repacked at every product. The planes (hc of them, M = m * HW floats apart) have one guard
+// before the first and one after the last; a column off the map at a plane's first or last row
+// reads the neighbouring plane, finite and masked like a neighbouring row. A task never splits and
+// its product has the same shape for any thread count, so the results are the same bits on any
+// number of threads (with fewer tasks than threads some wait). Returns false, having done nothing,
+// where oneDNN has no brgemm kernels. `ms`, when given, gains the time of the projection and of the
+// kernels: the wall time split in proportion to the threads' time in each.
+bool attend_by_head(const Tensor& x, const float* w, const SasaGeometry& g, const sasa::Kernels& kern,
+                    const sasa::Planes& p, std::int64_t b0, std::int64_t n, Tensor& out, float* scratch,
+                    std::int64_t S, OpCache* cache, double ms[2]) {
+  const std::int64_t Cin = x.dim(1), HW = g.H * g.W, hc = 2 * g.dqk + g.dv;
+  const std::int64_t m = head_group(n, HW), M = m * HW, tasks = (n / m) * g.heads;
+  const std::shared_ptr<HeadMatmul> plan = head_matmul(w, g, Cin, M, cache);
+  if (!plan->brgemm) return false;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const std::int64_t lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
+  const std::int64_t front = (lead + 15) / 16 * 16, back = (p.r + sasa::kMaxLanes + 15) / 16 * 16;
+  const std::int64_t oh = p.pool2 ? g.H / 2 : g.H, ow = p.pool2 ? g.W / 2 : g.W;
+  sasa::Planes ph = p;  // the group's planes
+  ph.stride = M;
+  sasa::Planes flat = p;  // the group's pixels as one row, for spread_row
+  flat.H = flat.Hp = 1;
+  flat.W = flat.Wv = flat.Wp = static_cast<int>(M);
+  flat.r = 0;
+  flat.stride = M;
+  double project_s = 0.0, kernels_s = 0.0;
+#pragma omp parallel reduction(+ : project_s, kernels_s)
+  {
+    float* planes = thread_buffer(ThreadBuffer::SasaHeadPlanes, front + hc * M + back + M * hc);
+    float* qkv = planes + front + hc * M + back;  // (M x hc), channels-last
+    std::fill(planes, planes + front, 0.0f);
+    std::fill(planes + front + hc * M, planes + front + hc * M + back, 0.0f);
+    float* sc = scratch + omp_get_thread_num() * S;
+    // tasks image group by image group, so that a thread's consecutive heads read the same pixels
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t i0 = b0 + (t / g.heads) * m;
+      const int h = static_cast<int>(t % g.heads);
+      const float* px = x.data() + i0 * HW * Cin;
+      const Clock::time_point t0 = ms ? Clock::now() : Clock::time_point{};
+      execute(plan->prim, plan->pd.scratchpad_desc(),
+              {{DNNL_ARG_SRC, dnnl::memory(plan->pd.src_desc(), engine(), const_cast<float*>(px))},
+               {DNNL_ARG_WEIGHTS, plan->rows->packed[static_cast<std::size_t>(h)]},
+               {DNNL_ARG_DST, dnnl::memory(plan->pd.dst_desc(), engine(), qkv)}});
+      kern.spread_row(flat, qkv, hc, 0, hc, planes + front, 0, false);
+      const Clock::time_point t1 = ms ? Clock::now() : Clock::time_point{};
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float* q = planes + front + i * HW - lead;  // (the kernels' origin: padded (0, 0))
+        for (int y = 0; y < p.H; y += 2)
+          kern.forward_rows(ph, q, q + g.dqk * M, q + 2 * g.dqk * M, h, y, std::min(2, p.H - y),
+                            out.data() + (i0 + i) * oh * ow * g.Co, nullptr, sc);
+      }
+      if (ms) {
+        project_s += std::chrono::duration<double>(t1 - t0).count();
+        kernels_s += std::chrono::duration<double>(Clock::now() - t1).count();
+      }
+    }
+  }
+  if (ms) {
+    const double wall = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const double share = project_s + kernels_s > 0.0 ? kernels_s / (project_s + kernels_s) : 0.0;
+    ms[0] += wall * (1.0 - share);
+    ms[1] += wall * share;
+  }
   return true;
 }
 
@@ -323,22 +448,38 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   p.relu = act == Act::ReLU;
   p.pool2 = pool2x2;
   p.v_bias = v_bias ? v_bias->data() : nullptr;
-  // Planes of rows W wide with no padding columns, the maps of a chunk of G images back to back in
-  // each: a window column left or right of the map reads the end of the row above or the start of
-  // the row below (of this image or the next), and the kernels mask such columns lane by lane; the
-  // window rows they take are the map's own. Guards before the first map (the kernels' plane
-  // pointer, r padding rows and columns before pixel (0, 0), stays inside) and after the last (for
-  // the lanes past the last row's end) hold zeros, written at every chunk: the buffer is shared
-  // by every layer, so whatever another layer left there is overwritten.
-  // With few pixels for the weights (the later stages: `dense`), the planes have no guards of their
-  // own: one before the first plane and one after the last, the planes of a chunk of n images n * HW
-  // floats apart, so that the projection's output is one dense matrix. A column off the map at
-  // either end of a plane then reads the neighbouring plane, as finite and as masked.
   p.Wv = p.Wp = p.W;
   const std::int64_t HW = H * W, lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
   const std::int64_t front = (lead + 15) / 16 * 16, back = (p.r + sasa::kMaxLanes + 15) / 16 * 16;
   const std::int64_t G = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (g.Ct * HW), 1, B);  // ~4 MiB
-  const bool dense = G * HW < 4 * Cin;  // (then every chunk takes the one-projection path below)
+  const bool dense = G * HW < 4 * Cin;  // few pixels for the weights (the later stages)
+  const int threads = omp_get_max_threads();
+  const std::int64_t S = sasa::scratch_floats(p);
+  float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
+  double by_head_ms[2] = {0.0, 0.0};  // (attend_by_head's projection and kernels)
+  const auto finish = [&] {
+    if (parts) {
+      attention_ms += by_head_ms[1];
+      detail::add_op_part("projection", since(op_start) - attention_ms);
+      detail::add_op_part("attention", attention_ms);
+    }
+    return out;
+  };
+  // Few pixels for the weights: head by head where oneDNN has brgemm kernels, each thread's planes in
+  // its own L2 cache (sasa_resnet26 at batch 1 1.0 to 1.9% faster, tools/bench/README.md).
+  if (dense && attend_by_head(x, w.data(), g, kern, p, 0, B, out, scratch, S, cache, parts ? by_head_ms : nullptr))
+    return finish();
+  // Otherwise planes of a chunk of G images for all heads: rows W wide with no padding columns, the
+  // chunk's maps back to back in each plane. A window column left or right of the map reads the end
+  // of the row above or the start of the row below (of this image or the next), and the kernels
+  // mask such columns lane by lane; the window rows they take are the map's own. Guards before the
+  // first map (the kernels' plane pointer, r padding rows and columns before pixel (0, 0), stays
+  // inside) and after the last (for the lanes past the last row's end) hold zeros, written at every
+  // chunk: the buffer is shared by every layer, so whatever another layer left there is
+  // overwritten. Dense layers here (no brgemm kernels: a CPU without AVX-512) have no guards per
+  // plane: one before the first plane and one after the last, the planes of a chunk of n images
+  // n * HW floats apart, so that the projection's output is one dense matrix; a column off the map
+  // at either end of a plane then reads the neighbouring plane, as finite and as masked.
   const std::int64_t P = dense ? G * HW : front + G * HW + back;
   // One buffer of the calling thread for every layer (the largest layer's size), so that a layer
   // writes its planes where the layer before it had just read its own, still in the caches, where a
@@ -346,12 +487,13 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   // 0.9% faster and 8 MB smaller, tools/bench/README.md). Each chunk writes its own guards. The
   // guard in front of plane 0 starts here.
   float* planes = thread_buffer(ThreadBuffer::SasaProjectedPlanes, dense ? front + g.Ct * P + back : g.Ct * P);
-  const int threads = omp_get_max_threads();
-  const std::int64_t S = sasa::scratch_floats(p);
-  float* scratch = thread_buffer(ThreadBuffer::SasaScratch, threads * S);
   const int pairs = (p.H + 1) / 2;
   for (std::int64_t b0 = 0; b0 < B; b0 += G) {
     const std::int64_t n = std::min(G, B - b0);
+    // (a short last chunk, few pixels for the weights: head by head where it can)
+    if (!dense && n * HW < 4 * Cin &&
+        attend_by_head(x, w.data(), g, kern, p, b0, n, out, scratch, S, cache, parts ? by_head_ms : nullptr))
+      continue;
     const std::int64_t stride = dense ? n * HW : P;  // from one plane to the next
     p.stride = stride;
     // The guards, zero: before the first map (only a pointer points there: plane 0 holds queries,
@@ -383,7 +525,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       // head on those rows, so the planes it reads were written by its own core but for the r rows
       // of window above and below (stage 0 of sasa_resnet26: the op 0.79 to 0.93 ms against 0.92 to
       // 1.14, tools/bench/README.md). With few pixels each thread would stream all the weights, so
-      // the later stages keep oneDNN's own split of one sgemm.
+      // the later stages go head by head (above) or through oneDNN's own split of one sgemm.
       const std::int64_t units = n * pairs;  // (image, row pair)
       const auto first_pixel = [&](std::int64_t u) { return (u / pairs) * HW + 2 * (u % pairs) * W; };
       Clock::time_point kernels_start{};
@@ -401,8 +543,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       continue;
     }
     // the whole chunk's planes, on every thread
-    if (!dense || !project_dense(w.data(), g.Ct, Cin, x.data() + b0 * HW * Cin, n * HW, planes + front, cache))
-      project(0, n * HW);
+    project(0, n * HW);
     const Clock::time_point kernels_start = parts ? Clock::now() : Clock::time_point{};
     if (n * g.heads >= threads) {
 #pragma omp parallel for schedule(static)
@@ -413,11 +554,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
     }
     if (parts) attention_ms += since(kernels_start);
   }
-  if (parts) {
-    detail::add_op_part("projection", since(op_start) - attention_ms);
-    detail::add_op_part("attention", attention_ms);
-  }
-  return out;
+  return finish();
 }
 
 }  // namespace relpos::cpu
