@@ -457,8 +457,8 @@ ProjectedLayer projected_layer(int B, int H, int W, int Cin, int heads, int d, s
 
 TEST_CASE("SASA projected attention: the same bits on 1, 2, 3 and 16 threads, with guarded planes and head by head") {
   // The projection by sgemm into planes with guards (many pixels for the weights: each thread
-  // projects its own rows) and head by head (few pixels: one task per head and group of images,
-  // where oneDNN has brgemm kernels) must not depend on the thread count, nor on a call with another
+  // projects its own rows) and head by head (few pixels, or heads of 48 channels and more on a small
+  // map: one task per head and group of images, where oneDNN has brgemm kernels) must not depend on the thread count, nor on a call with another
   // layout in between. Without brgemm kernels (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2 as one ctest entry
   // runs this) the few-pixel layers take one sgemm split by oneDNN, whose sums may differ on 3
   // threads: 1 and 2 threads only there.
@@ -466,7 +466,7 @@ TEST_CASE("SASA projected attention: the same bits on 1, 2, 3 and 16 threads, wi
     int B, H, W, Cin, heads, d;
   };
   for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{2, 7, 7, 64, 2, 16}, Geo{3, 16, 16, 132, 4, 128},
-                       Geo{5, 7, 7, 64, 3, 8}, Geo{1, 7, 7, 64, 1, 16}}) {
+                       Geo{5, 7, 7, 64, 3, 8}, Geo{1, 7, 7, 64, 1, 16}, Geo{2, 28, 28, 16, 2, 16}}) {
     CAPTURE(s.B);
     CAPTURE(s.W);
     CAPTURE(s.Cin);
@@ -492,13 +492,14 @@ TEST_CASE("SASA projected attention: the same bits on 1, 2, 3 and 16 threads, wi
 TEST_CASE("SASA projected attention: a call whose input held NaN leaves nothing behind for the next") {
   // Every layer writes its planes into one buffer of the calling thread; what a layer of another
   // shape left there (here NaN everywhere its maps were) lies where this layer's guards are, which
-  // its masked window columns read. Banded planes in one chunk and with a short last chunk, dense
-  // planes with a short last chunk; one and two threads.
+  // its masked window columns read. Banded planes in one chunk and with a short last chunk, a head's
+  // planes (many pixels, heads of 96 channels; few pixels); one and two threads.
   struct Geo {
     int B, H, W, Cin, heads, d;
   };
   const int before = relpos::num_threads();
-  for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{3, 32, 32, 16, 4, 32}, Geo{3, 16, 16, 132, 4, 128}})
+  for (const Geo& s : {Geo{1, 12, 56, 16, 1, 8}, Geo{3, 32, 32, 16, 16, 8}, Geo{3, 32, 32, 16, 4, 32},
+                       Geo{3, 16, 16, 132, 4, 128}})
     for (const int threads : {1, 2}) {
       CAPTURE(s.W);
       CAPTURE(s.Cin);
@@ -543,7 +544,9 @@ TEST_CASE("SASA projected attention: the 1x1 projection written straight into th
                        // few pixels for the weights: head by head (a task for two, for five and for
                        // three of six 7x7 maps, for one 16x16 map; a single task)
                        Geo{2, 7, 7, 64, 2, 16, 16, 7}, Geo{3, 16, 16, 132, 4, 128, 128, 7},
-                       Geo{5, 7, 7, 64, 3, 8, 8, 7}, Geo{6, 7, 7, 96, 2, 8, 8, 7}, Geo{1, 7, 7, 64, 1, 16, 16, 7}})
+                       Geo{5, 7, 7, 64, 3, 8, 8, 7}, Geo{6, 7, 7, 96, 2, 8, 8, 7}, Geo{1, 7, 7, 64, 1, 16, 16, 7},
+                       // many pixels, heads of 48 channels: head by head too
+                       Geo{2, 28, 28, 16, 2, 16, 16, 7}})
     for (const int threads : {1, 2})
       for (const bool biased : {false, true})
         for (const Act act : {Act::None, Act::ReLU}) {

@@ -10,8 +10,8 @@
 // forward and (image, head) in the backward, and the backward's planes are gathered back into
 // channels-last. Every value is computed in one fixed order, whatever the thread count. Inference
 // of a folded layer (sasa_projected_attention) skips the spread: its 1x1 projection writes the
-// planes itself (by sgemm), or, with few pixels for the weights, runs head by head (a oneDNN matmul
-// per head into the thread's buffer, its planes made there).
+// planes itself (by sgemm), or, with few pixels for the weights or heads of 48 channels and more,
+// runs head by head (a oneDNN matmul per head into the thread's buffer, its planes made there).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -222,6 +222,12 @@ std::shared_ptr<HeadMatmul> head_matmul(const float* w, const SasaGeometry& g, s
   if (cache) cache->put(key, plan);
   return plan;
 }
+
+// Layers with many pixels for the weights go head by head where a head has at least
+// kHeadMinChannels q, k and v channels (narrower products waste the matmul's vectors) and an
+// image's q, k and v of one head are at most kHeadMaxFloats floats (sasa_resnet26's 56x56 stage
+// with heads of 16: 150,528).
+constexpr std::int64_t kHeadMinChannels = 48, kHeadMaxFloats = 160 * 1024;
 
 // Images per task of attend_by_head: the largest divisor m of n whose m images stay within
 // kHeadPixels pixels, so that a task's q, k and v, channels-last and as planes, stay in the L2
@@ -465,9 +471,14 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
     }
     return out;
   };
-  // Few pixels for the weights: head by head where oneDNN has brgemm kernels, each thread's planes in
-  // its own L2 cache (sasa_resnet26 at batch 1 1.0 to 1.9% faster, tools/bench/README.md).
-  if (dense && attend_by_head(x, w.data(), g, kern, p, 0, B, out, scratch, S, cache, parts ? by_head_ms : nullptr))
+  // Head by head where oneDNN has brgemm kernels, each thread's planes in its own L2 cache: the
+  // layers with few pixels for the weights, and those whose heads have enough channels on a map
+  // small enough for a head's planes to stay in L2 (tools/bench/README.md: sasa_resnet26 at batch 1
+  // 1.0 to 1.9% faster for the first, 1.4 to 1.9% more for the second, its stage 1; stage 0's
+  // heads of 8 + 8 + 8 channels ran 12 to 16% slower that way).
+  const std::int64_t hc = 2 * g.dqk + g.dv;
+  const bool by_head = dense || (hc >= kHeadMinChannels && HW * hc <= kHeadMaxFloats);
+  if (by_head && attend_by_head(x, w.data(), g, kern, p, 0, B, out, scratch, S, cache, parts ? by_head_ms : nullptr))
     return finish();
   // Otherwise planes of a chunk of G images for all heads: rows W wide with no padding columns, the
   // chunk's maps back to back in each plane. A window column left or right of the map reads the end
@@ -525,7 +536,7 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
       // head on those rows, so the planes it reads were written by its own core but for the r rows
       // of window above and below (stage 0 of sasa_resnet26: the op 0.79 to 0.93 ms against 0.92 to
       // 1.14, tools/bench/README.md). With few pixels each thread would stream all the weights, so
-      // the later stages go head by head (above) or through oneDNN's own split of one sgemm.
+      // those layers go head by head (above) or through oneDNN's own split of one sgemm.
       const std::int64_t units = n * pairs;  // (image, row pair)
       const auto first_pixel = [&](std::int64_t u) { return (u / pairs) * HW + 2 * (u % pairs) * W; };
       Clock::time_point kernels_start{};
