@@ -458,12 +458,12 @@ ProjectedLayer projected_layer(int B, int H, int W, int Cin, int heads, int d, s
 TEST_CASE("SASA projected attention: the same bits on 1, 2, 3 and 4 threads, with guarded planes and head by head") {
   // The projection by sgemm into planes with guards (many pixels for the weights: each thread
   // projects its own rows) and head by head (few pixels, or heads of 48 channels and more on a small
-  // map: one task per head and group of images, where oneDNN has brgemm kernels) must not depend on the thread count, nor on a call with another
-  // layout in between. Without brgemm kernels (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2 as one ctest entry
-  // runs this) the few-pixel layers take one sgemm split by oneDNN, whose sums may differ on 3
-  // threads: 1 and 2 threads only there. (Not 16 threads here: in the sanitized build, clang's
-  // OpenMP runtime under oneDNN's GNU one, 16 threads calling oneDNN leave LeakSanitizer reports
-  // inside libomp.)
+  // map: one task per head and group of images, where oneDNN has brgemm kernels) must not depend on
+  // the thread count, nor on a call with another layout in between. Without brgemm kernels (AVX2, or
+  // ONEDNN_MAX_CPU_ISA=AVX2 as one ctest entry runs this) the few-pixel layers take one sgemm split
+  // by oneDNN, whose sums may differ on 3 threads: 1 and 2 threads only there. (Not 16 threads here:
+  // in the sanitized build, clang's OpenMP runtime under oneDNN's GNU one, 16 threads calling oneDNN
+  // leave LeakSanitizer reports inside libomp.)
   struct Geo {
     int B, H, W, Cin, heads, d;
   };
