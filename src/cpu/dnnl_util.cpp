@@ -55,11 +55,12 @@ dnnl::primitive_attr scratch_attr() {
   return a;
 }
 
+bool is_brgemm(const dnnl::primitive_desc_base& pd) { return std::strncmp(pd.impl_info_str(), "brg", 3) == 0; }
+
 bool brgemm_matmul() {
   static const bool on = [] {
     const dnnl::memory::desc a({64, 64}, dt::f32, tag::ab), b({64, 64}, dt::f32, tag::any);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, a), engine());
-    return std::strncmp(pd.impl_info_str(), "brg", 3) == 0;
+    return is_brgemm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, a), engine()));
   }();
   return on;
 }

@@ -27,6 +27,8 @@ dnnl::memory mem(const dnnl::memory::desc& md, const float* p);
 
 // Primitive attributes with the user scratchpad mode set.
 dnnl::primitive_attr scratch_attr();
+// Whether a primitive runs oneDNN's brgemm kernels (its implementation name says so).
+bool is_brgemm(const dnnl::primitive_desc_base& pd);
 // Whether oneDNN runs a float32 matmul through its brgemm kernels on this CPU (AVX-512, unless
 // ONEDNN_MAX_CPU_ISA caps it). Probed once.
 bool brgemm_matmul();

@@ -208,7 +208,7 @@ std::shared_ptr<HeadMatmul> head_matmul(const float* w, const SasaGeometry& g, s
                            dnnl::memory::desc({M, hc}, dt::f32, tag::ab)),
         scratch_attr(), engine());
   }
-  plan->brgemm = std::strncmp(plan->pd.impl_info_str(), "brg", 3) == 0;
+  plan->brgemm = is_brgemm(plan->pd);
   if (plan->brgemm) {
     plan->prim = dnnl::matmul(plan->pd);
     // the packed rows, shared by the plans of every M that packs them the same way
@@ -228,6 +228,18 @@ std::shared_ptr<HeadMatmul> head_matmul(const float* w, const SasaGeometry& g, s
 // image's q, k and v of one head are at most kHeadMaxFloats floats (sasa_resnet26's 56x56 stage
 // with heads of 16: 150,528).
 constexpr std::int64_t kHeadMinChannels = 48, kHeadMaxFloats = 160 * 1024;
+
+// Where the kernels' plane pointers start and the zero guards around planes with no padding of
+// their own: the origin (padded (0, 0)) lies `lead` floats before pixel (0, 0); `front` floats of
+// guard precede the first plane and `back` follow the last (whole 64-byte lines), so that the
+// origin and the lanes past the last row's end stay inside.
+struct PlaneGuards {
+  std::int64_t lead, front, back;
+};
+PlaneGuards plane_guards(const sasa::Planes& p) {
+  const std::int64_t lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
+  return {lead, (lead + 15) / 16 * 16, (p.r + sasa::kMaxLanes + 15) / 16 * 16};
+}
 
 // Images per task of attend_by_head: the largest divisor m of n whose m images stay within
 // kHeadPixels pixels, so that a task's q, k and v, channels-last and as planes, stay in the L2
@@ -260,8 +272,8 @@ bool attend_by_head(const Tensor& x, const float* w, const SasaGeometry& g, cons
   if (!plan->brgemm) return false;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  const std::int64_t lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
-  const std::int64_t front = (lead + 15) / 16 * 16, back = (p.r + sasa::kMaxLanes + 15) / 16 * 16;
+  const PlaneGuards guards = plane_guards(p);
+  const std::int64_t lead = guards.lead, front = guards.front, back = guards.back;
   const std::int64_t oh = p.pool2 ? g.H / 2 : g.H, ow = p.pool2 ? g.W / 2 : g.W;
   sasa::Planes ph = p;  // the group's planes
   ph.stride = M;
@@ -455,8 +467,9 @@ Tensor sasa_projected_attention(const Tensor& x_in, const Tensor& w, const Tenso
   p.pool2 = pool2x2;
   p.v_bias = v_bias ? v_bias->data() : nullptr;
   p.Wv = p.Wp = p.W;
-  const std::int64_t HW = H * W, lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
-  const std::int64_t front = (lead + 15) / 16 * 16, back = (p.r + sasa::kMaxLanes + 15) / 16 * 16;
+  const std::int64_t HW = H * W;
+  const PlaneGuards guards = plane_guards(p);
+  const std::int64_t lead = guards.lead, front = guards.front, back = guards.back;
   const std::int64_t G = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (g.Ct * HW), 1, B);  // ~4 MiB
   const bool dense = G * HW < 4 * Cin;  // few pixels for the weights (the later stages)
   const int threads = omp_get_max_threads();
