@@ -263,6 +263,7 @@ void conv_cases(std::vector<OpCase>& out) {
     int o;
     bool bias;
     Act act;
+    int stride = 1;
   };
   // Channel counts in multiples of 16 take the AVX-512 build where the CPU has it (48 out: a
   // 32-channel block padded; 364 tiles: several chunks, each ending in a register block shorter
@@ -273,12 +274,22 @@ void conv_cases(std::vector<OpCase>& out) {
                                WinogradShp{{2, 32, 50, 53}, 48, true, Act::ReLU},
                                // 8 mod 16 input channels, 16 output: AVX-512 with a half vector
                                // (the stem's 24 -> 32)
-                               WinogradShp{{2, 24, 13, 11}, 32, true, Act::ReLU}, WinogradShp{{1, 40, 9, 9}, 16, false, Act::None}}) {
+                               WinogradShp{{2, 24, 13, 11}, 32, true, Act::ReLU}, WinogradShp{{1, 40, 9, 9}, 16, false, Act::None},
+                               // stride 2 (conv2d_winograd.hpp: conv3x3_s2, on AVX2): odd and even
+                               // maps, outputs that are not whole 4x4 tiles, several chunks (98 tiles
+                               // of 32 -> 48), one tile, a network-like 128 -> 128 at 16x16
+                               WinogradShp{{2, 16, 7, 6}, 24, true, Act::ReLU, 2},
+                               WinogradShp{{3, 8, 9, 13}, 40, false, Act::None, 2},
+                               WinogradShp{{1, 24, 5, 5}, 8, true, Act::None, 2},
+                               WinogradShp{{4, 64, 21, 19}, 32, true, Act::ReLU, 2},
+                               WinogradShp{{2, 32, 50, 53}, 48, true, Act::ReLU, 2},
+                               WinogradShp{{1, 16, 2, 3}, 16, true, Act::None, 2},
+                               WinogradShp{{2, 128, 16, 16}, 128, true, Act::ReLU, 2}}) {
     OpCase c;
     c.covers = {"conv2d"};
-    const ops::ConvSpec sp{1, 1, 1};
-    c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " 3x3 s1" + (s.bias ? " + bias" : "") +
-             " + " + to_string(s.act) + ", plan cache (Winograd)";
+    const ops::ConvSpec sp{s.stride, 1, 1};
+    c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " 3x3 s" + std::to_string(s.stride) +
+             (s.bias ? " + bias" : "") + " + " + to_string(s.act) + ", plan cache (Winograd)";
     c.inputs = {rnd(s.x, 21, 1.0f, Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 22, 0.2f), rnd({s.o}, 23)};
     auto cache = std::make_shared<OpCache>();
     const bool bias = s.bias;
@@ -295,6 +306,8 @@ void conv_cases(std::vector<OpCase>& out) {
   // layers run them; too big for the naive reference, they run the kernels the cases above check
   for (const Shp& s : {Shp{{1, 64, 64, 64}, 256, 1, 1, 0, 1}, Shp{{8, 64, 64, 64}, 256, 1, 1, 0, 1},
                        Shp{{1, 64, 64, 64}, 64, 3, 1, 1, 1}, Shp{{8, 64, 64, 64}, 64, 3, 1, 1, 1},
+                       Shp{{1, 128, 64, 64}, 128, 3, 2, 1, 1}, Shp{{8, 128, 64, 64}, 128, 3, 2, 1, 1},
+                       Shp{{1, 256, 32, 32}, 256, 3, 2, 1, 1}, Shp{{8, 256, 32, 32}, 256, 3, 2, 1, 1},
                        Shp{{1, 256, 16, 16}, 512, 1, 1, 0, 1}, Shp{{8, 256, 16, 16}, 512, 1, 1, 0, 1}}) {
     OpCase c;
     c.covers = {"conv2d"};
@@ -308,7 +321,8 @@ void conv_cases(std::vector<OpCase>& out) {
     };
     c.golden = "the small conv2d cases above (same kernels, naive reference) and the model golden files";
     c.bench = true;
-    c.flop = 2.0 * static_cast<double>(s.x[0] * s.o * s.x[1] * s.k * s.k) * static_cast<double>(s.x[2] * s.x[3]);
+    c.flop = 2.0 * static_cast<double>(s.x[0] * s.o * s.x[1] * s.k * s.k) *
+             static_cast<double>(((s.x[2] + 2 * s.pad - s.k) / s.stride + 1) * ((s.x[3] + 2 * s.pad - s.k) / s.stride + 1));
     out.push_back(std::move(c));
   }
 }

@@ -38,6 +38,13 @@ bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh,
          out_channels % 8 == 0 && in_channels * out_channels <= (1 << 20) && (act == Act::None || act == Act::ReLU);
 }
 
+bool suits_stride2(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
+                   int pad, int groups, Act act) {
+  // Measured on AVX2 only (tools/bench/README.md); where the AVX-512 build would run, oneDNN's
+  // direct kernels stay, unmeasured against it.
+  return !avx512_kernels() && stride == 2 && suits(in_channels, out_channels, kh, kw, 1, pad, groups, act);
+}
+
 bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t h, std::int64_t w,
                     bool weight_grad) {
   // Measured against oneDNN's direct kernels, 2 threads, AVX-512 (batch 128 at 28x28 and 14x14, 32
@@ -229,6 +236,20 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
     }
     Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
     winograd::conv3x3(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
+    return y;
+  }
+  // A 3x3 stride-2 convolution in inference: the same transforms on the input's even and odd
+  // rows and columns (conv2d_winograd.hpp: conv3x3_s2)
+  if (cache && !ep.residual && winograd::available() &&
+      winograd::suits_stride2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
+    const std::string key = "winograd_s2:" + std::to_string(bias != nullptr);
+    auto wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
+    if (!wt) {
+      wt = winograd::transform_weights_s2(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
+      cache->put(key, wt);
+    }
+    Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
+    winograd::conv3x3_s2(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
     return y;
   }
 #endif

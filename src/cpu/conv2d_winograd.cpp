@@ -64,6 +64,50 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
   return wt;
 }
 
+std::shared_ptr<Weights> transform_weights_s2(const float* w, std::int64_t out, std::int64_t in, const float* bias) {
+  // F(4, 2)'s G for the points 0, 1, -1, 2 and infinity
+  constexpr double G2[5][2] = {{1.0 / 2, 0}, {-1.0 / 2, -1.0 / 2}, {-1.0 / 6, 1.0 / 6}, {1.0 / 6, 1.0 / 3}, {0, 1}};
+  auto wt = std::make_shared<Weights>();
+  wt->in = in;
+  wt->out = out;
+  wt->stride = 2;
+  wt->lanes = kernels_for(in, out, true).lanes;
+  const std::int64_t cols = 2 * wt->lanes;
+  wt->out_pad = (out + cols - 1) / cols * cols;
+  const std::int64_t blocks = wt->out_pad / cols;
+  wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
+  wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
+  if (bias) std::copy(bias, bias + out, wt->bias.begin());
+  float* u_out = wt->u.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t c = 0; c < in; ++c) {
+      auto k = [&](int i, int j) { return static_cast<double>(w[((o * in + c) * 3 + i) * 3 + j]); };
+      auto put = [&](int q, double u) {
+        u_out[((q * blocks + o / cols) * in + c) * cols + o % cols] = static_cast<float>(u);
+      };
+      for (int a = 0; a < 5; ++a) {
+        // the corner taps (rows and columns 0 and 2) through G2 on both sides: positions 0..24
+        for (int b = 0; b < 5; ++b) {
+          double u = 0.0;
+          for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) u += G2[a][i] * k(2 * i, 2 * j) * G2[b][j];
+          put(a * 5 + b, u);
+        }
+        put(25 + a, G2[a][0] * k(0, 1) + G2[a][1] * k(2, 1));  // the middle column's taps down the rows
+        put(30 + a, G2[a][0] * k(1, 0) + G2[a][1] * k(1, 2));  // the middle row's taps along the columns
+      }
+      put(35, k(1, 1));
+    }
+  return wt;
+}
+
+void conv3x3_s2(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act,
+                float* y) {
+  const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
+  (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3_s2(x, n, h, w, view, act, y);
+}
+
 void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act, float* y) {
   const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
   (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3(x, n, h, w, view, act, y);
