@@ -302,19 +302,56 @@ void conv_cases(std::vector<OpCase>& out) {
     };
     out.push_back(std::move(c));
   }
+  // inference with a plan cache: 3x3 convolutions of inputs with 1 to 4 channels (an RGB stem) take
+  // the CPU's own kernels on AVX2 (src/cpu/conv2d_narrow_input.hpp), read planar or channels-last;
+  // rows that end in part of a pixel block (odd widths), 8 to 32 output channels
+  struct NarrowShp {
+    Shape x;
+    int o, stride;
+    bool bias, planar;
+    Act act;
+  };
+  for (const NarrowShp& s : {NarrowShp{{2, 3, 9, 11}, 24, 2, true, true, Act::ReLU},
+                             NarrowShp{{2, 3, 9, 11}, 24, 2, true, false, Act::ReLU},
+                             NarrowShp{{1, 1, 6, 7}, 8, 1, false, true, Act::None},
+                             NarrowShp{{1, 4, 7, 5}, 32, 1, true, false, Act::None},
+                             NarrowShp{{3, 2, 10, 13}, 16, 2, true, true, Act::ReLU},
+                             NarrowShp{{1, 3, 2, 1}, 24, 2, true, true, Act::None}}) {
+    OpCase c;
+    c.covers = {"conv2d"};
+    const ops::ConvSpec sp{s.stride, 1, 1};
+    c.name = "conv2d x" + shape_text(s.x) + (s.planar ? " planar" : " channels-last") + " -> " +
+             std::to_string(s.o) + " 3x3 s" + std::to_string(s.stride) + (s.bias ? " + bias" : "") + " + " +
+             to_string(s.act) + ", plan cache (few input channels)";
+    c.inputs = {rnd(s.x, 31, 1.0f, s.planar ? Layout::Contiguous : Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 32, 0.3f),
+                rnd({s.o}, 33)};
+    auto cache = std::make_shared<OpCache>();
+    const bool bias = s.bias;
+    const Act act = s.act;
+    c.run = [sp, cache, bias, act](const std::vector<Tensor>& in, const Tensor&) {
+      return OpRun{{ops::conv2d(in[0], in[1], bias ? &in[2] : nullptr, sp, {nullptr, act}, cache.get())}, {}};
+    };
+    c.reference = [sp, bias, act](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ref_conv(in[0], in[1], bias ? &in[2] : nullptr, sp, nullptr, act)};
+    };
+    out.push_back(std::move(c));
+  }
   // network-sized convolutions (botnet26t_256's) for the micro-benchmark, with a plan cache as
   // layers run them; too big for the naive reference, they run the kernels the cases above check
   for (const Shp& s : {Shp{{1, 64, 64, 64}, 256, 1, 1, 0, 1}, Shp{{8, 64, 64, 64}, 256, 1, 1, 0, 1},
                        Shp{{1, 64, 64, 64}, 64, 3, 1, 1, 1}, Shp{{8, 64, 64, 64}, 64, 3, 1, 1, 1},
                        Shp{{1, 128, 64, 64}, 128, 3, 2, 1, 1}, Shp{{8, 128, 64, 64}, 128, 3, 2, 1, 1},
+                       Shp{{1, 3, 256, 256}, 24, 3, 2, 1, 1}, Shp{{8, 3, 256, 256}, 24, 3, 2, 1, 1},
                        Shp{{1, 256, 32, 32}, 256, 3, 2, 1, 1}, Shp{{8, 256, 32, 32}, 256, 3, 2, 1, 1},
                        Shp{{1, 256, 16, 16}, 512, 1, 1, 0, 1}, Shp{{8, 256, 16, 16}, 512, 1, 1, 0, 1}}) {
     OpCase c;
     c.covers = {"conv2d"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};
     c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " " + std::to_string(s.k) + "x" +
-             std::to_string(s.k) + " + bias + relu";
-    c.inputs = {rnd(s.x, 7, 1.0f, Layout::ChannelsLast), rnd({s.o, s.x[1], s.k, s.k}, 8, 0.1f), rnd({s.o}, 9)};
+             std::to_string(s.k) + (s.stride != 1 ? " s" + std::to_string(s.stride) : "") + " + bias + relu";
+    // (an RGB input comes planar, as a network's input does)
+    c.inputs = {rnd(s.x, 7, 1.0f, s.x[1] <= 4 ? Layout::Contiguous : Layout::ChannelsLast),
+                rnd({s.o, s.x[1], s.k, s.k}, 8, 0.1f), rnd({s.o}, 9)};
     auto cache = std::make_shared<OpCache>();  // the weights never change inside a case
     c.run = [sp, cache](const std::vector<Tensor>& in, const Tensor&) {
       return OpRun{{ops::conv2d(in[0], in[1], &in[2], sp, {nullptr, Act::ReLU}, cache.get())}, {}};

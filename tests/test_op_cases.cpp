@@ -6,6 +6,12 @@
 #include <random>
 #include <set>
 
+#include "core/op_cache.hpp"
+#if defined(__x86_64__)
+#include "cpu/conv2d_narrow_input.hpp"
+#include "cpu/conv2d_winograd.hpp"
+#endif
+#include "core/ops_internal.hpp"
 #include "op_cases.hpp"
 #include "test_util.hpp"
 
@@ -108,6 +114,35 @@ TEST_CASE("max pooling passes a NaN on to every window that holds it") {
         CHECK_MESSAGE(std::isnan(first) == (oy == 0 && ox == 0), "channel 0 at " << oy << "," << ox);
         const float last = yc.data()[(oy * 3 + ox) * channels + ch];
         CHECK_MESSAGE(std::isnan(last) == (oy <= 1 && ox <= 1), "channel " << ch << " at " << oy << "," << ox);
+      }
+  }
+}
+
+TEST_CASE("an RGB stem's 3x3 convolution passes a NaN pixel on") {
+  // On AVX2 these run through src/cpu/conv2d_narrow_input.hpp, which keeps a NaN through the ReLU
+  // (as PyTorch does); oneDNN's ReLU, which runs them elsewhere, makes it 0, so the ReLU is checked
+  // only where relpos's kernels run.
+#if defined(__x86_64__)
+  const bool own = cpu::winograd::available() && cpu::narrow_input::suits(3, 24, 3, 3, 2, 1, 1, Act::ReLU);
+#else
+  const bool own = false;
+#endif
+  for (const Act act : {Act::None, Act::ReLU}) {
+    if (act == Act::ReLU && !own) continue;
+    std::mt19937 rng(5);
+    Tensor x = relpos::test::random_tensor({1, 3, 8, 8}, rng, 1.0f);  // planar, as a network's input
+    x.data()[(1 * 8 + 4) * 8 + 4] = std::nanf("");                    // channel 1, pixel (4, 4)
+    const Tensor w = relpos::test::random_tensor({24, 3, 3, 3}, rng, 0.3f);
+    const Tensor b = relpos::test::random_tensor({24}, rng, 0.3f);
+    OpCache cache;
+    const Tensor y = ops::conv2d(x, w, &b, ops::ConvSpec{2, 1, 1}, {nullptr, act}, &cache).channels_last();
+    for (std::int64_t oy = 0; oy < 4; ++oy)
+      for (std::int64_t ox = 0; ox < 4; ++ox) {
+        // output pixel (oy, ox) reads input rows and columns 2 o - 1 .. 2 o + 1: (4, 4) only from (2, 2)
+        const bool reads_nan = oy == 2 && ox == 2;
+        for (std::int64_t o = 0; o < 24; ++o)
+          CHECK_MESSAGE(std::isnan(y.data()[(oy * 4 + ox) * 24 + o]) == reads_nan,
+                        to_string(act) << " output " << o << " at " << oy << "," << ox);
       }
   }
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "cpu/conv2d_narrow_input.hpp"
 #include "cpu/conv2d_winograd.hpp"
 #include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
@@ -219,9 +220,30 @@ ConvGeometry batch_folded(const ConvGeometry& g, const ops::ConvSpec& spec) {
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops::ConvSpec& spec,
               const ops::Epilogue& ep, OpCache* cache) {
+#if defined(__x86_64__)  // conv2d_winograd.cpp and conv2d_narrow_input.cpp are built for x86-64 only
+  // A 3x3 convolution of an input with few channels (an RGB image) in inference: read in the
+  // layout it comes in, no reorder (conv2d_narrow_input.hpp)
+  if (cache && !ep.residual && winograd::available()) {
+    const ConvGeometry g = geometry(x_in, w, spec);
+    if (narrow_input::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
+      const std::string key = "narrow_input:" + std::to_string(bias != nullptr);
+      auto wt = std::static_pointer_cast<narrow_input::Weights>(cache->find(key));
+      if (!wt) {
+        wt = narrow_input::pack(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
+        cache->put(key, wt);
+      }
+      const bool planar = x_in.layout() != Layout::ChannelsLast;
+      const narrow_input::InputView view{x_in.data(),        g.n, g.h, g.w, g.c * g.h * g.w,
+                                         planar ? g.h * g.w : 1, planar ? g.w : g.w * g.c, planar ? 1 : g.c};
+      Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
+      narrow_input::conv3x3(view, spec.stride, *wt, ep.act, y.data());
+      return y;
+    }
+  }
+#endif
   const Tensor x = as_channels_last(x_in);
   const ConvGeometry g = geometry(x, w, spec);
-#if defined(__x86_64__)  // conv2d_winograd.cpp is built for x86-64 only
+#if defined(__x86_64__)
   // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3). For inference the transformed kernels stay in
   // the layer's plan cache; in training (no cache) they are made for each call, as the weights change.
   if (!ep.residual && winograd::available() &&

@@ -1,0 +1,52 @@
+// Internal: 3x3 convolutions of inputs with few channels (an RGB image into a network's stem) for
+// inference on AVX2. oneDNN's kernels for these shapes write a blocked layout that needs reorders on
+// both sides (the input into channels-last, the output out of its blocks); at batch 8 the stem's
+// 3 -> 24 stride-2 convolution and its reorders took 13.8 ms of botnet26t_256's 270 on a 2-vCPU EPYC.
+// Here each output pixel's 3x3 x in patch is gathered from the input as it lies (planar NCHW or
+// channels-last) and multiplied by the kernels, packed [in x 3 x 3][out], several pixels at a time
+// with the sums in registers; bias and ReLU applied before the channels-last store.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "relpos/ops.hpp"
+
+namespace relpos::cpu::narrow_input {
+
+// 3x3, padding 1, stride 1 or 2, no groups, at most 4 input channels, 8, 16, 24 or 32 output
+// channels, no activation but ReLU; a CPU with AVX2 and FMA and without the AVX-512 kernels (where
+// they run, oneDNN's channels-last kernels have no reorders and stay, unmeasured against these);
+// RELPOS_WINOGRAD=0 (which turns off relpos's own convolution kernels) turns these off too.
+bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw, int stride,
+           int pad, int groups, Act act);
+
+struct Weights {
+  std::int64_t in = 0, out = 0;
+  std::vector<float> w;     // [in * 9][out]
+  std::vector<float> bias;  // out values, zeros without a bias
+};
+// w: (out, in, 3, 3) contiguous; bias: out values or null.
+std::shared_ptr<Weights> pack(const float* w, std::int64_t out, std::int64_t in, const float* bias);
+
+// Where the input's elements lie: (b, c, y, x) at b * sb + c * sc + y * sy + x * sx.
+struct InputView {
+  const float* data;
+  std::int64_t n, h, w, sb, sc, sy, sx;
+};
+
+// y = act(conv(x, w) + bias) into y (n, oh, ow, out) channels-last, on omp_get_max_threads() threads.
+void conv3x3(const InputView& x, int stride, const Weights& wt, Act act, float* y);
+
+// ---- between conv2d_narrow_input.cpp and the AVX2 build of the kernels ----
+constexpr int kMaxIn = 4;
+constexpr int kMaxTaps = kMaxIn * 9;
+struct PackedKernels {
+  const float* w;
+  const float* bias;
+  std::int64_t in, out;
+};
+void conv3x3_avx2(const InputView& x, int stride, const PackedKernels& wt, Act act, float* y);
+
+}  // namespace relpos::cpu::narrow_input

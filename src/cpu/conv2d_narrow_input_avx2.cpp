@@ -1,0 +1,112 @@
+// The kernels of the 3x3 convolutions of inputs with few channels (conv2d_narrow_input.hpp), built
+// with AVX2 and FMA (CMakeLists.txt sets -mavx2 -mfma for this file only); suits() keeps them to
+// CPUs that have both. No standard-library templates here (and no std::vector: the packed kernels
+// come as pointers), so no out-of-line copy built for AVX2 can be picked by the linker for code that
+// runs on another CPU.
+#include <immintrin.h>
+#include <omp.h>
+
+#include "cpu/conv2d_narrow_input.hpp"
+
+namespace relpos::cpu::narrow_input {
+
+namespace {
+
+inline std::int64_t lmin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+
+// V vectors of 8 output channels for P = 12 / V pixels at a time: 12 sums in registers, V kernel
+// vectors and a broadcast input value beside them. For each output row, the input rows under it are
+// first copied planar with a zero on either side (and zero rows above and below the map), so the
+// products read each input value straight from that copy.
+template <int V>
+void conv_lanes(const InputView& x, int stride, const PackedKernels& wt, Act act, float* y) {
+  constexpr int P = 12 / V;
+  const std::int64_t oh = (x.h - 1) / stride + 1, ow = (x.w - 1) / stride + 1;
+  const int in = static_cast<int>(wt.in);
+  const std::int64_t out = wt.out;
+  // a row of the copy: the map's width, a zero on the left, zeros on the right up to the last
+  // block's last pixel (its padding column and the columns of the pixels past the row's end)
+  const std::int64_t blocks = (ow + P - 1) / P;
+  const std::int64_t row_len = blocks * P * stride + 3;
+  const float* wp = wt.w;
+  const float* bp = wt.bias;
+  const bool relu = act == Act::ReLU;
+#pragma omp parallel
+  {
+    float* rows = static_cast<float*>(_mm_malloc(static_cast<std::size_t>(in * 3 * row_len) * sizeof(float), 32));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < x.n * oh; ++r) {
+      const std::int64_t b = r / oh, oy = r % oh;
+      const float* img = x.data + b * x.sb;
+      for (int c = 0; c < in; ++c)
+        for (int ky = 0; ky < 3; ++ky) {
+          float* dst = rows + (c * 3 + ky) * row_len;
+          const std::int64_t iy = oy * stride - 1 + ky;
+          if (iy < 0 || iy >= x.h) {
+            for (std::int64_t i = 0; i < row_len; ++i) dst[i] = 0.0f;
+            continue;
+          }
+          const float* src = img + c * x.sc + iy * x.sy;
+          dst[0] = 0.0f;
+          if (x.sx == 1)
+            __builtin_memcpy(dst + 1, src, static_cast<std::size_t>(x.w) * sizeof(float));
+          else
+            for (std::int64_t ix = 0; ix < x.w; ++ix) dst[ix + 1] = src[ix * x.sx];
+          for (std::int64_t i = x.w + 1; i < row_len; ++i) dst[i] = 0.0f;
+        }
+      for (std::int64_t blk = 0; blk < blocks; ++blk) {
+        const std::int64_t ox0 = blk * P;
+        __m256 acc[P][V];
+        for (int v = 0; v < V; ++v) {
+          const __m256 bias = _mm256_loadu_ps(bp + 8 * v);
+          for (int p = 0; p < P; ++p) acc[p][v] = bias;
+        }
+        for (int row = 0; row < in * 3; ++row) {  // input channel c = row / 3, kernel row ky = row % 3
+          const float* tap = rows + row * row_len + ox0 * stride;
+          const float* k_row = wp + row * 3 * out;
+#pragma GCC unroll 3
+          for (int kx = 0; kx < 3; ++kx) {
+            __m256 k[V];
+#pragma GCC unroll 4
+            for (int v = 0; v < V; ++v) k[v] = _mm256_loadu_ps(k_row + kx * out + 8 * v);
+#pragma GCC unroll 12
+            for (int p = 0; p < P; ++p) {
+              const __m256 a = _mm256_broadcast_ss(tap + p * stride + kx);
+#pragma GCC unroll 4
+              for (int v = 0; v < V; ++v) acc[p][v] = _mm256_fmadd_ps(a, k[v], acc[p][v]);
+            }
+          }
+        }
+        float* dst = y + (r * ow + ox0) * out;
+        // max(floor, sum) returns the sum where it is NaN (vmaxps returns its second operand then)
+        const __m256 floor = relu ? _mm256_setzero_ps() : _mm256_set1_ps(-__builtin_inff());
+        if (ox0 + P <= ow) {
+#pragma GCC unroll 12
+          for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+            for (int v = 0; v < V; ++v) _mm256_storeu_ps(dst + p * out + 8 * v, _mm256_max_ps(floor, acc[p][v]));
+        } else {  // the row's last pixels: through a copy, so the sums above stay in registers
+          __m256 last[P][V];
+          for (int p = 0; p < P; ++p)
+            for (int v = 0; v < V; ++v) last[p][v] = _mm256_max_ps(floor, acc[p][v]);
+          for (int p = 0; p < ow - ox0; ++p)
+            for (int v = 0; v < V; ++v) _mm256_storeu_ps(dst + p * out + 8 * v, last[p][v]);
+        }
+      }
+    }
+    _mm_free(rows);
+  }
+}
+
+}  // namespace
+
+void conv3x3_avx2(const InputView& x, int stride, const PackedKernels& wt, Act act, float* y) {
+  switch (wt.out / 8) {
+    case 1: return conv_lanes<1>(x, stride, wt, act, y);
+    case 2: return conv_lanes<2>(x, stride, wt, act, y);
+    case 3: return conv_lanes<3>(x, stride, wt, act, y);
+    default: return conv_lanes<4>(x, stride, wt, act, y);
+  }
+}
+
+}  // namespace relpos::cpu::narrow_input
