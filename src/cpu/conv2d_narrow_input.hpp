@@ -1,10 +1,12 @@
 // Internal: 3x3 convolutions of inputs with few channels (an RGB image into a network's stem) for
-// inference on AVX2. oneDNN's kernels for these shapes write a blocked layout that needs reorders on
-// both sides (the input into channels-last, the output out of its blocks); at batch 8 the stem's
-// 3 -> 24 stride-2 convolution and its reorders took 13.8 ms of botnet26t_256's 270 on a 2-vCPU EPYC.
-// Here each output pixel's 3x3 x in patch is gathered from the input as it lies (planar NCHW or
-// channels-last) and multiplied by the kernels, packed [in x 3 x 3][out], several pixels at a time
-// with the sums in registers; bias and ReLU applied before the channels-last store.
+// inference on AVX2. oneDNN 2.6 runs these shapes on AVX2 in its blocked layout, with reorders on
+// both sides (the input into it, the output out of it): botnet26t_256's 3 -> 24 stride-2 stem
+// convolution took 0.29 ms (hot caches) to 0.72 ms (cold) at batch 1 and 3.1 ms at batch 8 on a
+// 2-vCPU EPYC; these kernels 0.23 and 1.6 ms (tools/bench/README.md). For each output row, the
+// input rows under it are copied planar with zero borders from the input as it lies (planar NCHW or
+// channels-last), and each pixel's 3 x 3 x in values are read from that copy and multiplied by the
+// kernels, packed [in x 3 x 3][out], four pixels at a time with the sums in registers; bias and ReLU
+// are applied before the channels-last store.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +43,6 @@ void conv3x3(const InputView& x, int stride, const Weights& wt, Act act, float* 
 
 // ---- between conv2d_narrow_input.cpp and the AVX2 build of the kernels ----
 constexpr int kMaxIn = 4;
-constexpr int kMaxTaps = kMaxIn * 9;
 struct PackedKernels {
   const float* w;
   const float* bias;

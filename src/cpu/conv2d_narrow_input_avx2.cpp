@@ -31,9 +31,14 @@ void conv_lanes(const InputView& x, int stride, const PackedKernels& wt, Act act
   const float* wp = wt.w;
   const float* bp = wt.bias;
   const bool relu = act == Act::ReLU;
-#pragma omp parallel
+  // each thread's copy of the rows, allocated before the team starts (a failed allocation throws
+  // here, not inside it)
+  const int threads = omp_get_max_threads();
+  const std::int64_t per_thread = (in * 3 * row_len + 15) / 16 * 16;
+  float* const scratch = new float[static_cast<std::size_t>(per_thread * threads)];
+#pragma omp parallel num_threads(threads)
   {
-    float* rows = static_cast<float*>(_mm_malloc(static_cast<std::size_t>(in * 3 * row_len) * sizeof(float), 32));
+    float* rows = scratch + per_thread * omp_get_thread_num();
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < x.n * oh; ++r) {
       const std::int64_t b = r / oh, oy = r % oh;
@@ -94,8 +99,8 @@ void conv_lanes(const InputView& x, int stride, const PackedKernels& wt, Act act
         }
       }
     }
-    _mm_free(rows);
   }
+  delete[] scratch;
 }
 
 }  // namespace
