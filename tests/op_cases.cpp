@@ -183,6 +183,18 @@ Tensor ref_rel_logits(const Tensor& qt, const Tensor& th, const Tensor& tw, int 
 
 // ---- the cases --------------------------------------------------------------------------------
 
+// A forward case's run and reference for conv2d with a plan cache, as layers run it (inputs: x,
+// kernels, bias; the bias used or not).
+void with_plan_cache(OpCase& c, const ops::ConvSpec& sp, bool bias, Act act) {
+  auto cache = std::make_shared<OpCache>();  // the weights never change inside a case
+  c.run = [sp, cache, bias, act](const std::vector<Tensor>& in, const Tensor&) {
+    return OpRun{{ops::conv2d(in[0], in[1], bias ? &in[2] : nullptr, sp, {nullptr, act}, cache.get())}, {}};
+  };
+  c.reference = [sp, bias, act](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{ref_conv(in[0], in[1], bias ? &in[2] : nullptr, sp, nullptr, act)};
+  };
+}
+
 void conv_cases(std::vector<OpCase>& out) {
   struct Shp {
     Shape x;
@@ -291,15 +303,7 @@ void conv_cases(std::vector<OpCase>& out) {
     c.name = "conv2d x" + shape_text(s.x) + " -> " + std::to_string(s.o) + " 3x3 s" + std::to_string(s.stride) +
              (s.bias ? " + bias" : "") + " + " + to_string(s.act) + ", plan cache (Winograd)";
     c.inputs = {rnd(s.x, 21, 1.0f, Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 22, 0.2f), rnd({s.o}, 23)};
-    auto cache = std::make_shared<OpCache>();
-    const bool bias = s.bias;
-    const Act act = s.act;
-    c.run = [sp, cache, bias, act](const std::vector<Tensor>& in, const Tensor&) {
-      return OpRun{{ops::conv2d(in[0], in[1], bias ? &in[2] : nullptr, sp, {nullptr, act}, cache.get())}, {}};
-    };
-    c.reference = [sp, bias, act](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ref_conv(in[0], in[1], bias ? &in[2] : nullptr, sp, nullptr, act)};
-    };
+    with_plan_cache(c, sp, s.bias, s.act);
     out.push_back(std::move(c));
   }
   // inference with a plan cache: 3x3 convolutions of inputs with 1 to 4 channels (an RGB stem) take
@@ -325,15 +329,7 @@ void conv_cases(std::vector<OpCase>& out) {
              to_string(s.act) + ", plan cache (few input channels)";
     c.inputs = {rnd(s.x, 31, 1.0f, s.planar ? Layout::Contiguous : Layout::ChannelsLast), rnd({s.o, s.x[1], 3, 3}, 32, 0.3f),
                 rnd({s.o}, 33)};
-    auto cache = std::make_shared<OpCache>();
-    const bool bias = s.bias;
-    const Act act = s.act;
-    c.run = [sp, cache, bias, act](const std::vector<Tensor>& in, const Tensor&) {
-      return OpRun{{ops::conv2d(in[0], in[1], bias ? &in[2] : nullptr, sp, {nullptr, act}, cache.get())}, {}};
-    };
-    c.reference = [sp, bias, act](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ref_conv(in[0], in[1], bias ? &in[2] : nullptr, sp, nullptr, act)};
-    };
+    with_plan_cache(c, sp, s.bias, s.act);
     out.push_back(std::move(c));
   }
   // network-sized convolutions (botnet26t_256's) for the micro-benchmark, with a plan cache as

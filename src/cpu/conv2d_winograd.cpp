@@ -29,20 +29,28 @@ const KernelSet& kernels_for(std::int64_t in, std::int64_t out, bool forward = f
   return avx512_kernels() && in % (forward ? 8 : 16) == 0 && out % 16 == 0 ? avx512::kKernels : avx2::kKernels;
 }
 
+// Weights for the build that will run them, the 36 transformed kernels zeroed (so are the padding
+// output channels), the bias copied.
+std::shared_ptr<Weights> empty_weights(std::int64_t out, std::int64_t in, const float* bias, int stride) {
+  auto wt = std::make_shared<Weights>();
+  wt->in = in;
+  wt->out = out;
+  wt->stride = stride;
+  wt->lanes = kernels_for(in, out, true).lanes;
+  const std::int64_t cols = 2 * wt->lanes;
+  wt->out_pad = (out + cols - 1) / cols * cols;
+  wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
+  wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
+  if (bias) std::copy(bias, bias + out, wt->bias.begin());
+  return wt;
+}
+
 }  // namespace
 
 std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std::int64_t in, const float* bias,
                                            bool turned) {
-  auto wt = std::make_shared<Weights>();
-  wt->in = in;
-  wt->out = out;
-  wt->lanes = kernels_for(in, out, true).lanes;
-  const std::int64_t cols = 2 * wt->lanes;
-  wt->out_pad = (out + cols - 1) / cols * cols;
-  const std::int64_t blocks = wt->out_pad / cols;
-  wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
-  wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
-  if (bias) std::copy(bias, bias + out, wt->bias.begin());
+  auto wt = empty_weights(out, in, bias, 1);
+  const std::int64_t cols = 2 * wt->lanes, blocks = wt->out_pad / cols;
   float* u_out = wt->u.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
@@ -67,17 +75,8 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
 std::shared_ptr<Weights> transform_weights_s2(const float* w, std::int64_t out, std::int64_t in, const float* bias) {
   // F(4, 2)'s G for the points 0, 1, -1, 2 and infinity
   constexpr double G2[5][2] = {{1.0 / 2, 0}, {-1.0 / 2, -1.0 / 2}, {-1.0 / 6, 1.0 / 6}, {1.0 / 6, 1.0 / 3}, {0, 1}};
-  auto wt = std::make_shared<Weights>();
-  wt->in = in;
-  wt->out = out;
-  wt->stride = 2;
-  wt->lanes = kernels_for(in, out, true).lanes;
-  const std::int64_t cols = 2 * wt->lanes;
-  wt->out_pad = (out + cols - 1) / cols * cols;
-  const std::int64_t blocks = wt->out_pad / cols;
-  wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
-  wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
-  if (bias) std::copy(bias, bias + out, wt->bias.begin());
+  auto wt = empty_weights(out, in, bias, 2);
+  const std::int64_t cols = 2 * wt->lanes, blocks = wt->out_pad / cols;
   float* u_out = wt->u.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
