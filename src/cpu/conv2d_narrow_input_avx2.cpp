@@ -12,8 +12,6 @@ namespace relpos::cpu::narrow_input {
 
 namespace {
 
-inline std::int64_t lmin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
-
 // V vectors of 8 output channels for P = 12 / V pixels at a time: 12 sums in registers, V kernel
 // vectors and a broadcast input value beside them. For each output row, the input rows under it are
 // first copied planar with a zero on either side (and zero rows above and below the map), so the

@@ -48,7 +48,7 @@ namespace {
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v4_mem __attribute__((vector_size(16), aligned(4), may_alias));
 
-inline v4 max_nan(v4 m, v4 v) { return (v > m) | (v != v) ? v : m; }
+inline v4 max_nan(v4 m, v4 v) { return ((v > m) | (v != v)) ? v : m; }
 
 void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, float* y) {
   const std::int64_t rows = g.n * g.oh, c = g.c, c4 = c / 4 * 4;
