@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "cpu/cpu_features.hpp"
+#include "relpos/error.hpp"
 
 namespace relpos::cpu::winograd {
 
@@ -103,11 +104,13 @@ std::shared_ptr<Weights> transform_weights_s2(const float* w, std::int64_t out, 
 
 void conv3x3_s2(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act,
                 float* y) {
+  RELPOS_CHECK(wt.stride == 2, "winograd: kernels transformed for stride " << wt.stride << " used at stride 2");
   const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
   (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3_s2(x, n, h, w, view, act, y);
 }
 
 void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act, float* y) {
+  RELPOS_CHECK(wt.stride == 1, "winograd: kernels transformed for stride " << wt.stride << " used at stride 1");
   const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
   (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3(x, n, h, w, view, act, y);
 }
