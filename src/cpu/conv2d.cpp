@@ -220,11 +220,12 @@ ConvGeometry batch_folded(const ConvGeometry& g, const ops::ConvSpec& spec) {
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops::ConvSpec& spec,
               const ops::Epilogue& ep, OpCache* cache) {
+  const ConvGeometry g = geometry(x_in, w, spec);  // (shapes only: the same in either layout)
 #if defined(__x86_64__)  // conv2d_winograd.cpp and conv2d_narrow_input.cpp are built for x86-64 only
   // A 3x3 convolution of an input with few channels (an RGB image) in inference: read in the
   // layout it comes in, no reorder (conv2d_narrow_input.hpp)
-  if (cache && !ep.residual && winograd::available()) {
-    const ConvGeometry g = geometry(x_in, w, spec);
+  // (a tensor elsewhere than in host memory goes on to as_channels_last's error)
+  if (cache && !ep.residual && x_in.is_cpu() && winograd::available()) {
     if (narrow_input::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
       const std::string key = "narrow_input:" + std::to_string(bias != nullptr);
       auto wt = std::static_pointer_cast<narrow_input::Weights>(cache->find(key));
@@ -242,7 +243,6 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   }
 #endif
   const Tensor x = as_channels_last(x_in);
-  const ConvGeometry g = geometry(x, w, spec);
 #if defined(__x86_64__)
   // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3). For inference the transformed kernels stay in
   // the layer's plan cache; in training (no cache) they are made for each call, as the weights change.
