@@ -481,8 +481,10 @@ void pool_linear_loss_cases(std::vector<OpCase>& out) {
     ops::PoolSpec spec;
     std::int64_t channels;
   };
-  // 22 channels: the CPU's max pool takes four at a time and the last two alone
+  // the CPU's max pool takes 32 channels at a time, then four, then single ones: 22 channels (five
+  // blocks of four, two single) and 70 (two blocks of 32, one of four, two single)
   for (const PoolCase pc : {PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 3}, PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 22},
+                            PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 70},
                             PoolCase{{ops::PoolKind::Max, 2, 2, 0}, 8}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 3}}) {
     const ops::PoolSpec sp = pc.spec;
     OpCase c;
