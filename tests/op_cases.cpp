@@ -207,6 +207,7 @@ void conv_cases(std::vector<OpCase>& out) {
                        // 2 only where the height is even (the second must not fold)
                        Shp{{3, 5, 4, 7}, 6, 1, 1, 0, 1}, Shp{{2, 4, 7, 6}, 4, 1, 2, 0, 1}, Shp{{3, 4, 6, 5}, 5, 1, 2, 0, 1},
                        // channels in whole SIMD blocks: the CPU runs these in oneDNN's blocked layout
+                       // (the stride-2 forward on AVX2 through Winograd's stride-2 kernels, as in training)
                        Shp{{2, 16, 9, 9}, 24, 3, 2, 1, 1}, Shp{{2, 16, 6, 7}, 16, 3, 1, 1, 1},
                        // 3x3 stride 1 with channels in multiples of 8: Winograd on AVX2, forward and
                        // input gradient (8 in, 24 out, so that swapping them in the backward shows);
