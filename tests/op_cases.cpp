@@ -213,7 +213,8 @@ void conv_cases(std::vector<OpCase>& out) {
                        // input gradient (8 in, 24 out, so that swapping them in the backward shows);
                        // in multiples of 16 the AVX-512 build where the CPU has it (48 in: the weight
                        // gradient's 32-channel blocks padded). The weight gradient takes Winograd's
-                       // kernels from 56 x 56 pixels on (winograd::suits_training): the last map.
+                       // kernels from 56 x 56 maps on with AVX-512, from 2048 pixels a batch on with
+                       // AVX2 only (winograd::suits_training): the last map either way.
                        Shp{{2, 8, 9, 5}, 24, 3, 1, 1, 1}, Shp{{2, 48, 7, 9}, 16, 3, 1, 1, 1},
                        Shp{{1, 16, 56, 57}, 16, 3, 1, 1, 1}}) {
     OpCase c;

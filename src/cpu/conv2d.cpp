@@ -46,16 +46,22 @@ bool suits_stride2(std::int64_t in_channels, std::int64_t out_channels, std::int
   return !avx512_kernels() && stride == 2 && suits(in_channels, out_channels, kh, kw, 1, pad, groups, act);
 }
 
-bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t h, std::int64_t w,
-                    bool weight_grad) {
+bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t n, std::int64_t h,
+                    std::int64_t w, bool weight_grad) {
   // Measured against oneDNN's direct kernels, 2 threads, AVX-512 (batch 128 at 28x28 and 14x14, 32
   // at 56x56 down to 16 at 7x7): the forward and input gradient win up to 128 x 128 channels (28x28
   // c32: 2.8 against 4.5 ms forward) and lose from 256 x 256 (7x7 c512: 38 against 10 ms), where
   // the weights transformed again at every call and the tiles padded over small maps cost more
   // than the products save. The weight gradient loses on small maps (28x28 c32: 6.3 against 4.3
   // ms; 14x14 c64: 5.5 against 4.1) and wins from 56x56 (c64: 16.7 against 18.5 ms).
+  // With AVX2 only (a 2-vCPU EPYC, 2026-11-27), oneDNN's weight gradient is the slower one from
+  // about 2048 pixels on, whatever the map: the whole backward (both gradients) 128x32x28x28 0.53x,
+  // 128x64x14x14 0.63x, 128x128x7x7 0.70x, 4x32x28x28 0.57x, 16x32x14x14 0.78x, 48x128x7x7 0.97x,
+  // 3x64x28x28 0.87x; 32x128x7x7 and 8x128x14x14 (1568 pixels) 1.01x, 8x32x14x14 1.10x,
+  // 8x128x7x7 1.81x.
   if (in_channels * out_channels > 128 * 128) return false;
-  return !weight_grad || h * w >= 56 * 56;
+  if (!weight_grad) return true;
+  return avx512_kernels() ? h * w >= 56 * 56 : n * h * w >= 2048;
 }
 
 }  // namespace winograd
@@ -248,7 +254,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   // the layer's plan cache; in training (no cache) they are made for each call, as the weights change.
   if (!ep.residual && winograd::available() &&
       winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act) &&
-      (cache || winograd::suits_training(g.c, g.o, g.h, g.w, false))) {
+      (cache || winograd::suits_training(g.c, g.o, g.n, g.h, g.w, false))) {
     const std::string key = "winograd:" + std::to_string(bias != nullptr);
     std::shared_ptr<winograd::Weights> wt;
     if (cache) wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
@@ -266,7 +272,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
   // 0.843x of oneDNN's, 32x64x56x56 0.676x, 16x128x28x28 1.015x; AVX2, 2 threads).
   if (!ep.residual && winograd::available() &&
       winograd::suits_stride2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act) &&
-      (cache || winograd::suits_training(g.c, g.o, g.h, g.w, false))) {
+      (cache || winograd::suits_training(g.c, g.o, g.n, g.h, g.w, false))) {
     const std::string key = "winograd_s2:" + std::to_string(bias != nullptr);
     std::shared_ptr<winograd::Weights> wt;
     if (cache) wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
@@ -319,12 +325,12 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   // with the kernels turned by 180 degrees and their channels swapped; the weight gradient has its
   // own transforms.
   if (winograd::available() && winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None)) {
-    if (winograd::suits_training(g.c, g.o, g.h, g.w, true)) {
+    if (winograd::suits_training(g.c, g.o, g.n, g.h, g.w, true)) {
       grads.dw = Tensor(w.shape());
       winograd::conv3x3_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
       want_dw = false;
     }
-    if (need_dx && winograd::suits_training(g.c, g.o, g.h, g.w, false)) {
+    if (need_dx && winograd::suits_training(g.c, g.o, g.n, g.h, g.w, false)) {
       const auto wt = winograd::transform_weights(w.data(), g.c, g.o, nullptr, true);
       grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
       winograd::conv3x3(dy.data(), g.n, g.oh, g.ow, *wt, Act::None, grads.dx.data());

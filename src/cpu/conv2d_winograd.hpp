@@ -33,9 +33,9 @@ bool suits(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh,
            int pad, int groups, Act act);
 // In training (the kernels transformed at every call), for a convolution that suits them: whether
 // they beat oneDNN's for the forward and input gradient (weight_grad false) or the weight gradient
-// on an h x w map (conv2d.cpp has the measurements).
-bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t h, std::int64_t w,
-                    bool weight_grad);
+// of n images of h x w (conv2d.cpp has the measurements).
+bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t n, std::int64_t h,
+                    std::int64_t w, bool weight_grad);
 
 // The transformed kernels, packed for the matrix products: [36][out_pad / cols][in][cols], with
 // the output channels padded with zeros to a multiple of cols (twice the lanes of the build that
