@@ -1,7 +1,6 @@
 // Max pooling (own loops), average pooling (oneDNN) and global average pooling on the CPU,
 // channels-last.
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "cpu/cpu_ops.hpp"
