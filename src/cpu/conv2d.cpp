@@ -250,38 +250,30 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
 #endif
   const Tensor x = as_channels_last(x_in);
 #if defined(__x86_64__)
-  // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3). For inference the transformed kernels stay in
-  // the layer's plan cache; in training (no cache) they are made for each call, as the weights change.
-  if (!ep.residual && winograd::available() &&
-      winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act) &&
+  // A 3x3 convolution through Winograd F(4x4, 3x3): at stride 1 directly, at stride 2 (AVX2) the
+  // same transforms on the input's even and odd rows and columns (conv2d_winograd.hpp: conv3x3_s2).
+  // For inference the transformed kernels stay in the layer's plan cache; in training (no cache)
+  // they are made for each call, as the weights change, where suits_training takes the convolution
+  // (at stride 2 the forward of botnet-fmnist's 128x64x28x28 and 128x128x14x14 convolutions 0.886x
+  // and 0.843x of oneDNN's, 32x64x56x56 0.676x, 16x128x28x28 1.015x; AVX2, 2 threads).
+  const bool wino_s1 = winograd::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act);
+  const bool wino_s2 = winograd::suits_stride2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act);
+  if (!ep.residual && winograd::available() && (wino_s1 || wino_s2) &&
       (cache || winograd::suits_training(g.c, g.o, g.n, g.h, g.w, false))) {
-    const std::string key = "winograd:" + std::to_string(bias != nullptr);
+    const std::string key = std::string(wino_s1 ? "winograd:" : "winograd_s2:") + std::to_string(bias != nullptr);
     std::shared_ptr<winograd::Weights> wt;
     if (cache) wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
     if (!wt) {
-      wt = winograd::transform_weights(w.data(), g.o, g.c, bias ? bias->data() : nullptr, false);
+      const float* b = bias ? bias->data() : nullptr;
+      wt = wino_s1 ? winograd::transform_weights(w.data(), g.o, g.c, b, false)
+                   : winograd::transform_weights_s2(w.data(), g.o, g.c, b);
       if (cache) cache->put(key, wt);
     }
     Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
-    winograd::conv3x3(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
-    return y;
-  }
-  // A 3x3 stride-2 convolution: the same transforms on the input's even and odd rows and columns
-  // (conv2d_winograd.hpp: conv3x3_s2); in training where the stride-1 forward's rule takes it (the
-  // forward of botnet-fmnist's 128x64x28x28 and 128x128x14x14 stride-2 convolutions 0.886x and
-  // 0.843x of oneDNN's, 32x64x56x56 0.676x, 16x128x28x28 1.015x; AVX2, 2 threads).
-  if (!ep.residual && winograd::available() &&
-      winograd::suits_stride2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act) &&
-      (cache || winograd::suits_training(g.c, g.o, g.n, g.h, g.w, false))) {
-    const std::string key = "winograd_s2:" + std::to_string(bias != nullptr);
-    std::shared_ptr<winograd::Weights> wt;
-    if (cache) wt = std::static_pointer_cast<winograd::Weights>(cache->find(key));
-    if (!wt) {
-      wt = winograd::transform_weights_s2(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
-      if (cache) cache->put(key, wt);
-    }
-    Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
-    winograd::conv3x3_s2(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
+    if (wino_s1)
+      winograd::conv3x3(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
+    else
+      winograd::conv3x3_s2(x.data(), g.n, g.h, g.w, *wt, ep.act, y.data());
     return y;
   }
 #endif
