@@ -276,6 +276,7 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
     once(second, x2);
   }
   std::vector<double> ms1, ms2, ratio;
+  nlohmann::json pair_ms = nlohmann::json::array();  // (first's ms, second's ms), pair by pair
   const auto start = Clock::now();
   while (static_cast<int>(ratio.size()) < a.iters ||
          std::chrono::duration<double>(Clock::now() - start).count() < a.min_seconds) {
@@ -289,6 +290,7 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
     }
     ms1.push_back(t1);
     ms2.push_back(t2);
+    pair_ms.push_back({t1, t2});
     ratio.push_back((macs2 / t2) / (macs1 / t1));
   }
   std::sort(ms1.begin(), ms1.end());
@@ -304,7 +306,8 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
                                 {"pairs", n},
                                 {"per_mac_ratio", median},
                                 {"per_mac_ratio_q1", q1},
-                                {"per_mac_ratio_q3", q3}}
+                                {"per_mac_ratio_q3", q3},
+                                {"pair_ms", pair_ms}}
                      .dump()
               << "\n";
     return;
