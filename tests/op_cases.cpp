@@ -216,7 +216,13 @@ void conv_cases(std::vector<OpCase>& out) {
                        // kernels from 56 x 56 maps on with AVX-512, from 2048 pixels a batch on with
                        // AVX2 only (winograd::suits_training): the last map either way.
                        Shp{{2, 8, 9, 5}, 24, 3, 1, 1, 1}, Shp{{2, 48, 7, 9}, 16, 3, 1, 1, 1},
-                       Shp{{1, 16, 56, 57}, 16, 3, 1, 1, 1}}) {
+                       Shp{{1, 16, 56, 57}, 16, 3, 1, 1, 1},
+                       // 3x3 stride 2 from 64 x 64 channels and 196 output pixels: on AVX2 the weight
+                       // gradient by relpos's own products (winograd::suits_weight_grad_s2); 72 input
+                       // channels pad the last 16-channel block, an odd width leaves the last column's
+                       // right taps off the map, 800 pixels make several chunks across the threads,
+                       // and 64 output channels a tail of 4 rows after the blocks of 6
+                       Shp{{2, 72, 40, 39}, 64, 3, 2, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};

@@ -46,6 +46,18 @@ bool suits_stride2(std::int64_t in_channels, std::int64_t out_channels, std::int
   return !avx512_kernels() && stride == 2 && suits(in_channels, out_channels, kh, kw, 1, pad, groups, act);
 }
 
+bool suits_weight_grad_s2(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw,
+                          int stride, int pad, int groups, std::int64_t pixels) {
+  // Measured on AVX2 only (a 2-vCPU EPYC, 2026-11-27, 12 pairs; the whole backward, both gradients,
+  // against oneDNN's direct kernels in their blocked layout, tools/bench/README.md): from 64 x 64
+  // channels and 196 output pixels a batch 0.85 to 0.94x (128x64x28x28 0.888, 128x128x14x14 0.870,
+  // 16x128x14x14 0.863, 8x64x28x28 0.892, 1x64x56x56 0.901, 4x128x14x14 0.918, 1x64x28x28 0.940,
+  // 16x64x28x28 -> 256 0.867); on 98 and 128 pixels (one chunk of 128, so one thread) 1.36 and 1.27x;
+  // with 32 channels 1.00 and 1.04x.
+  return !avx512_kernels() && stride == 2 && suits(in_channels, out_channels, kh, kw, 1, pad, groups, Act::None) &&
+         in_channels >= 64 && out_channels >= 64 && in_channels * out_channels <= 128 * 128 && pixels >= 196;
+}
+
 bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t n, std::int64_t h,
                     std::int64_t w, bool weight_grad) {
   // Measured against oneDNN's direct kernels, 2 threads, AVX-512 (batch 128 at 28x28 and 14x14, 32
@@ -329,6 +341,16 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
       want_dx = false;
     }
     if (!want_dw && !want_dx) return grads;
+  }
+  // A 3x3 stride-2 convolution: the weight gradient by relpos's own products where they are the
+  // faster way (conv2d_winograd.hpp: suits_weight_grad_s2), without oneDNN's reorder of x into its
+  // blocked layout. The input gradient stays with oneDNN.
+  if (winograd::available() &&
+      winograd::suits_weight_grad_s2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, g.n * g.oh * g.ow)) {
+    grads.dw = Tensor(w.shape());
+    winograd::conv3x3_s2_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
+    want_dw = false;
+    if (!want_dx) return grads;
   }
 #endif
   const bool any = kernel_layout(g, false);

@@ -120,6 +120,11 @@ void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::i
   kernels_for(in, out).weight_grad(x, dy, n, h, w, in, out, dw);
 }
 
+void conv3x3_s2_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                            std::int64_t in, std::int64_t out, float* dw) {
+  kernels_for(in, out).weight_grad_s2(x, dy, n, h, w, in, out, dw);
+}
+
 void finish_weight_grad(const float* sums, std::size_t stride, int threads, std::int64_t in, std::int64_t out,
                         std::int64_t in_pad, float* dw) {
 #pragma omp parallel for num_threads(threads) schedule(static)

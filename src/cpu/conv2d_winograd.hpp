@@ -75,6 +75,15 @@ void conv3x3_s2(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, 
 void conv3x3_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
                          std::int64_t in, std::int64_t out, float* dw);
 
+// The weight gradient of a 3x3 stride-2 convolution (padding 1): dw (out, in, 3, 3) from x (n, h, w,
+// in) and dy (n, (h - 1) / 2 + 1, (w - 1) / 2 + 1, out), both channels-last. Not Winograd: the
+// direct multiply-adds, as 9 products (one per tap) over chunks of output pixels through the same
+// register-blocked product kernel. suits_weight_grad_s2() says where it runs.
+bool suits_weight_grad_s2(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw,
+                          int stride, int pad, int groups, std::int64_t pixels);
+void conv3x3_s2_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                            std::int64_t in, std::int64_t out, float* dw);
+
 // ---- between conv2d_winograd.cpp and the kernel builds ----
 
 // Weights without std::vector (the kernel builds use no standard-library templates).
@@ -96,6 +105,8 @@ struct KernelSet {
                       std::int64_t in, std::int64_t out, float* dw);
   void (*conv3x3_s2)(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const PackedKernels& wt,
                      Act act, float* y);
+  void (*weight_grad_s2)(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
+                         std::int64_t in, std::int64_t out, float* dw);
   int lanes;
 };
 namespace avx2 {
