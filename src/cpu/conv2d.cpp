@@ -54,8 +54,8 @@ bool suits_weight_grad_s2(std::int64_t in_channels, std::int64_t out_channels, s
   // 16x128x14x14 0.863, 8x64x28x28 0.892, 1x64x56x56 0.901, 4x128x14x14 0.918, 1x64x28x28 0.940,
   // 16x64x28x28 -> 256 0.867); on 98 and 128 pixels (one chunk of 128, so one thread) 1.36 and 1.27x;
   // with 32 channels 1.00 and 1.04x.
-  return !avx512_kernels() && stride == 2 && suits(in_channels, out_channels, kh, kw, 1, pad, groups, Act::None) &&
-         in_channels >= 64 && out_channels >= 64 && in_channels * out_channels <= 128 * 128 && pixels >= 196;
+  return suits_stride2(in_channels, out_channels, kh, kw, stride, pad, groups, Act::None) && in_channels >= 64 &&
+         out_channels >= 64 && in_channels * out_channels <= 128 * 128 && pixels >= 196;
 }
 
 bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t n, std::int64_t h,
