@@ -222,7 +222,13 @@ void conv_cases(std::vector<OpCase>& out) {
                        // channels pad the last 16-channel block, an odd width leaves the last column's
                        // right taps off the map, 800 pixels make several chunks across the threads,
                        // and 64 output channels a tail of 4 rows after the blocks of 6
-                       Shp{{2, 72, 40, 39}, 64, 3, 2, 1, 1}}) {
+                       Shp{{2, 72, 40, 39}, 64, 3, 2, 1, 1},
+                       // 3x3 of 1 to 4 input channels into 8 to 32 (a network's first convolution):
+                       // on AVX2 the forward and the weight gradient by relpos's own kernels
+                       // (conv2d_narrow_input.hpp), stride 1 and 2, odd sizes (the last pixel's
+                       // right taps off the map), rows split across the threads
+                       Shp{{2, 1, 9, 11}, 8, 3, 1, 1, 1}, Shp{{2, 3, 9, 11}, 24, 3, 2, 1, 1},
+                       Shp{{1, 4, 7, 6}, 32, 3, 1, 1, 1}, Shp{{3, 2, 10, 13}, 16, 3, 2, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};

@@ -234,28 +234,34 @@ ConvGeometry batch_folded(const ConvGeometry& g, const ops::ConvSpec& spec) {
   return f;
 }
 
+#if defined(__x86_64__)
+// Where x's elements lie, planar or channels-last, for the narrow-input kernels
+narrow_input::InputView input_view(const Tensor& x, const ConvGeometry& g) {
+  const bool planar = x.layout() != Layout::ChannelsLast;
+  return {x.data(), g.n, g.h, g.w, g.c * g.h * g.w, planar ? g.h * g.w : 1, planar ? g.w : g.w * g.c, planar ? 1 : g.c};
+}
+#endif
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops::ConvSpec& spec,
               const ops::Epilogue& ep, OpCache* cache) {
   const ConvGeometry g = geometry(x_in, w, spec);  // (shapes only: the same in either layout)
 #if defined(__x86_64__)  // conv2d_winograd.cpp and conv2d_narrow_input.cpp are built for x86-64 only
-  // A 3x3 convolution of an input with few channels (an RGB image) in inference: read in the
-  // layout it comes in, no reorder (conv2d_narrow_input.hpp)
+  // A 3x3 convolution of an input with few channels (an RGB image): read in the layout it comes
+  // in, no reorder (conv2d_narrow_input.hpp). The kernels are packed once with a plan cache
+  // (inference), at every call without (training, where the weights change; 9 x in x out floats)
   // (a tensor elsewhere than in host memory goes on to as_channels_last's error)
-  if (cache && !ep.residual && x_in.is_cpu() && winograd::available()) {
+  if (!ep.residual && x_in.is_cpu() && winograd::available()) {
     if (narrow_input::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, ep.act)) {
       const std::string key = "narrow_input:" + std::to_string(bias != nullptr);
-      auto wt = std::static_pointer_cast<narrow_input::Weights>(cache->find(key));
+      auto wt = cache ? std::static_pointer_cast<narrow_input::Weights>(cache->find(key)) : nullptr;
       if (!wt) {
         wt = narrow_input::pack(w.data(), g.o, g.c, bias ? bias->data() : nullptr);
-        cache->put(key, wt);
+        if (cache) cache->put(key, wt);
       }
-      const bool planar = x_in.layout() != Layout::ChannelsLast;
-      const narrow_input::InputView view{x_in.data(),        g.n, g.h, g.w, g.c * g.h * g.w,
-                                         planar ? g.h * g.w : 1, planar ? g.w : g.w * g.c, planar ? 1 : g.c};
       Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
-      narrow_input::conv3x3(view, spec.stride, *wt, ep.act, y.data());
+      narrow_input::conv3x3(input_view(x_in, g), spec.stride, *wt, ep.act, y.data());
       return y;
     }
   }
@@ -324,6 +330,15 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   ops::ConvGrads grads;
   bool want_dw = true, want_dx = need_dx;  // what oneDNN still has to compute
 #if defined(__x86_64__)
+  // A 3x3 convolution of an input with few channels (a network's first): its weight gradient by
+  // relpos's own kernels (conv2d_narrow_input.hpp), reading x in the layout it comes in. (The input
+  // gradient of a network's first convolution is not asked for.)
+  if (winograd::available() && narrow_input::suits(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, Act::None)) {
+    grads.dw = Tensor(w.shape());
+    narrow_input::weight_grad(input_view(x, g), spec.stride, dy.data(), g.c, g.o, grads.dw.data());
+    want_dw = false;
+    if (!want_dx) return grads;
+  }
   // A 3x3 stride-1 convolution: Winograd F(4x4, 3x3) for the gradients where it is the faster way
   // (conv2d_winograd.hpp: suits_training). The input gradient is itself such a convolution, of dy
   // with the kernels turned by 180 degrees and their channels swapped; the weight gradient has its

@@ -101,7 +101,64 @@ void conv_lanes(const InputView& x, int stride, const PackedKernels& wt, Act act
   delete[] scratch;
 }
 
+// The weight gradient's sums for the rows [r0, r1) of the output (image b = r / oh, output row r %
+// oh): s[(c * 3 + ky) * 3 + kx][o] += sum over the row's pixels of dy[pixel][o] * x at the tap. For
+// each (c, ky) the row's three taps x V vectors of output channels stay in registers across the
+// row's pixels (12 sums, 3 broadcasts and a gradient vector at V = 4); the input row under the
+// output row is copied with a zero on either side first, as in conv_lanes.
+template <int V>
+void weight_grad_lanes(const InputView& x, int stride, const float* dy, std::int64_t in, std::int64_t out,
+                       std::int64_t r0, std::int64_t r1, float* rows, float* s) {
+  const std::int64_t oh = (x.h - 1) / stride + 1, ow = (x.w - 1) / stride + 1;
+  const std::int64_t row_len = ow * stride + 2;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t b = r / oh, oy = r % oh;
+    const float* g = dy + r * ow * out;
+    for (std::int64_t c = 0; c < in; ++c)
+      for (int ky = 0; ky < 3; ++ky) {
+        const std::int64_t iy = oy * stride - 1 + ky;
+        if (iy < 0 || iy >= x.h) continue;  // a zero row adds nothing
+        const float* src = x.data + b * x.sb + c * x.sc + iy * x.sy;
+        rows[0] = 0.0f;
+        for (std::int64_t ix = 0; ix < x.w; ++ix) rows[ix + 1] = src[ix * x.sx];
+        for (std::int64_t i = x.w + 1; i < row_len; ++i) rows[i] = 0.0f;
+        float* sk = s + (c * 3 + ky) * 3 * out;
+        __m256 acc[3][V];
+#pragma GCC unroll 3
+        for (int kx = 0; kx < 3; ++kx)
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) acc[kx][v] = _mm256_loadu_ps(sk + kx * out + 8 * v);
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          const float* tap = rows + ox * stride;
+          const __m256 a0 = _mm256_broadcast_ss(tap), a1 = _mm256_broadcast_ss(tap + 1),
+                       a2 = _mm256_broadcast_ss(tap + 2);
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) {
+            const __m256 d = _mm256_loadu_ps(g + ox * out + 8 * v);
+            acc[0][v] = _mm256_fmadd_ps(a0, d, acc[0][v]);
+            acc[1][v] = _mm256_fmadd_ps(a1, d, acc[1][v]);
+            acc[2][v] = _mm256_fmadd_ps(a2, d, acc[2][v]);
+          }
+        }
+#pragma GCC unroll 3
+        for (int kx = 0; kx < 3; ++kx)
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) _mm256_storeu_ps(sk + kx * out + 8 * v, acc[kx][v]);
+      }
+  }
+}
+
 }  // namespace
+
+void weight_grad_rows_avx2(const InputView& x, int stride, const float* dy, std::int64_t in, std::int64_t out,
+                           std::int64_t r0, std::int64_t r1, float* rows, float* sums) {
+  switch (out / 8) {
+    case 1: return weight_grad_lanes<1>(x, stride, dy, in, out, r0, r1, rows, sums);
+    case 2: return weight_grad_lanes<2>(x, stride, dy, in, out, r0, r1, rows, sums);
+    case 3: return weight_grad_lanes<3>(x, stride, dy, in, out, r0, r1, rows, sums);
+    default: return weight_grad_lanes<4>(x, stride, dy, in, out, r0, r1, rows, sums);
+  }
+}
 
 void conv3x3_avx2(const InputView& x, int stride, const PackedKernels& wt, Act act, float* y) {
   switch (wt.out / 8) {
