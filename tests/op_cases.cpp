@@ -228,7 +228,14 @@ void conv_cases(std::vector<OpCase>& out) {
                        // (conv2d_narrow_input.hpp), stride 1 and 2, odd sizes (the last pixel's
                        // right taps off the map), rows split across the threads
                        Shp{{2, 1, 9, 11}, 8, 3, 1, 1, 1}, Shp{{2, 3, 9, 11}, 24, 3, 2, 1, 1},
-                       Shp{{1, 4, 7, 6}, 32, 3, 1, 1, 1}, Shp{{3, 2, 10, 13}, 16, 3, 2, 1, 1}}) {
+                       Shp{{1, 4, 7, 6}, 32, 3, 1, 1, 1}, Shp{{3, 2, 10, 13}, 16, 3, 2, 1, 1},
+                       // 1x1 into 128 output channels or more, channels in multiples of 16: on AVX2
+                       // both gradients by relpos's own kernels (conv1x1_grads.hpp): a partial last
+                       // block of rows, stride 2 with odd sizes (blocks of whole image rows, the
+                       // gradient's skipped rows and columns zero), 48 input channels in groups of
+                       // 16 and 32
+                       Shp{{2, 16, 5, 7}, 128, 1, 1, 0, 1}, Shp{{3, 32, 7, 9}, 128, 1, 2, 0, 1},
+                       Shp{{1, 48, 4, 5}, 144, 1, 1, 0, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cpu/batchnorm_kernels.hpp"
-#include "cpu/conv1x1_grad_kernels.hpp"
+#include "cpu/conv1x1_grads.hpp"
 #include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
@@ -116,14 +116,6 @@ const bn::Kernels& bn::kernels() {
   return k;
 }
 
-const conv1x1::Kernels* conv1x1::kernels() {
-#if defined(__x86_64__)  // conv1x1_grad_kernels_avx*.cpp are built for x86-64 only
-  static const Kernels* k = avx512_kernels() ? &avx512::kKernels : avx2_kernels() ? &avx2::kKernels : nullptr;
-  return k;
-#else
-  return nullptr;
-#endif
-}
 
 namespace {
 // scale and shift of PyTorch's form, x * scale + shift, from gamma, beta and the statistics
@@ -320,92 +312,29 @@ ops::BatchNormGrads backward_from_sums(const FirstPass& p, const Tensor& gamma, 
 }
 
 // The second pass handing dx, about 64 rows at a time, to the backward of the 1x1 convolution x =
-// conv_x * w (conv1x1_grad_kernels.hpp): its weight gradient is summed per thread and the partial
-// sums added in thread order; its input gradient is written block by block. At stride 2 a block is
-// whole output image rows: output row y reads input row 2y at every other pixel, and the block
-// writes the gradient of input rows 2y (zero at odd columns) and 2y + 1 (zero).
+// conv_x * w (conv1x1_grads.hpp): dx is never written whole.
 ops::BatchNormConvGrads conv1x1_from_sums(const FirstPass& p, const Tensor& gamma, const ops::BatchStats& stats,
                                           const Tensor& conv_x_in, const Tensor& w, int stride, bool need_dx) {
   const Tensor& x = p.x;
   const Tensor conv_x = as_channels_last(conv_x_in);
-  const std::int64_t oc = x.dim(1), ic = conv_x.dim(1), rows = x.dim(0) * x.dim(2) * x.dim(3);
-  const std::int64_t H = conv_x.dim(2), W = conv_x.dim(3), oh = x.dim(2), ow = x.dim(3);
+  const std::int64_t oc = x.dim(1), ic = conv_x.dim(1);
   GradCoefs k2 = grad_coefs(x, gamma, stats, p.sg, p.sgx);
   ops::BatchNormConvGrads out;
   out.dgamma = std::move(k2.grads.dgamma);
   out.dbeta = std::move(k2.grads.dbeta);
   out.dw = Tensor(w.shape());
   if (need_dx) out.dx = Tensor(conv_x.shape(), Device::CPU, Layout::ChannelsLast);
-  constexpr std::int64_t kRows = 64;
-  // stride 1: blocks of kRows rows; stride 2: of `lines` output image rows
-  const std::int64_t lines = std::max<std::int64_t>(1, kRows / ow);
-  const std::int64_t block_rows = stride == 1 ? kRows : lines * ow;
-  const std::int64_t blocks = (rows + block_rows - 1) / block_rows, wsize = oc * ic;
-  const int threads = omp_get_max_threads();
-  std::vector<float> partial(static_cast<std::size_t>(threads * wsize), 0.0f);
   const bn::Kernels& k = bn::kernels();
-  const conv1x1::Kernels& ck = *conv1x1::kernels();  // (conv1x1_grads_fit took it: there is a set)
   const float* xp = x.data();
   const float* dp = p.g.data();
-  const float* cx = conv_x.data();
-  std::vector<float> packed_w(need_dx ? static_cast<std::size_t>(wsize) : 0);
-  if (need_dx) ck.pack_weights(w.data(), oc, ic, packed_w.data());
-  const float* wp = packed_w.data();
   const float* mean = stats.mean.data();
-  float* dxp = need_dx ? out.dx.data() : nullptr;
-  int used = 1;
-#pragma omp parallel
-  {
-#pragma omp single
-    used = omp_get_num_threads();
-    // the block's g (block_rows x oc), and at stride 2 its input pixels and input gradient (block_rows x ic each)
-    float* g = thread_buffer(ThreadBuffer::BatchNormBlock, block_rows * (oc + (stride == 2 ? 2 * ic : 0)));
-    float* xs = g + block_rows * oc;
-    float* dxs = xs + block_rows * ic;
-    float* dw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * wsize;
-#pragma omp for schedule(static)
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t r0 = b * block_rows, n = std::min(block_rows, rows - r0);
-      k.grad_input(xp + r0 * oc, dp + r0 * oc, n, oc, mean, p.scale, p.shift, p.relu, k2.a.data(), k2.b.data(),
-                   k2.d.data(), false, g);
-      if (stride == 1) {
-        ck.add_weight_grad(g, oc, cx + r0 * ic, ic, ic, n, dw);
-        if (dxp) ck.input_grad(g, oc, wp, ic, n, dxp + r0 * ic, ic);
-        continue;
-      }
-      // stride 2: the block's input pixels gathered into xs, its input gradient made in dxs and
-      // spread to every other pixel of every other row, the rest of those rows zero
-      const auto input_pixel = [&](std::int64_t line) {
-        return (line / oh * H + 2 * (line % oh)) * W;  // (image, 2 y, 0)
-      };
-      for (std::int64_t line = r0 / ow; line < (r0 + n) / ow; ++line) {
-        const float* src = cx + input_pixel(line) * ic;
-        float* dst = xs + (line * ow - r0) * ic;
-        for (std::int64_t col = 0; col < ow; ++col) std::copy(src + 2 * col * ic, src + (2 * col + 1) * ic, dst + col * ic);
-      }
-      ck.add_weight_grad(g, oc, xs, ic, ic, n, dw);
-      if (!dxp) continue;
-      ck.input_grad(g, oc, wp, ic, n, dxs, ic);
-      for (std::int64_t line = r0 / ow; line < (r0 + n) / ow; ++line) {
-        const std::int64_t in = input_pixel(line);
-        const float* src = dxs + (line * ow - r0) * ic;
-        float* d = dxp + in * ic;
-        for (std::int64_t col = 0; col < W; ++col) {
-          if (col % 2 == 0) std::copy(src + col / 2 * ic, src + (col / 2 + 1) * ic, d + col * ic);
-          else std::fill(d + col * ic, d + (col + 1) * ic, 0.0f);
-        }
-        if (2 * (line % oh) + 1 < H) std::fill(d + W * ic, d + 2 * W * ic, 0.0f);
-      }
-    }
-  }
-  float* dwp = out.dw.data();
-  const float* pp = partial.data();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < wsize; ++i) {
-    float sum = pp[i];
-    for (int t = 1; t < used; ++t) sum += pp[static_cast<std::int64_t>(t) * wsize + i];
-    dwp[i] = sum;
-  }
+  conv1x1::grads({conv_x.dim(0), conv_x.dim(2), conv_x.dim(3), ic, oc, stride},
+                 [&](std::int64_t r0, std::int64_t n, float* g) {
+                   k.grad_input(xp + r0 * oc, dp + r0 * oc, n, oc, mean, p.scale, p.shift, p.relu, k2.a.data(),
+                                k2.b.data(), k2.d.data(), false, g);
+                   return static_cast<const float*>(g);
+                 },
+                 conv_x.data(), w.data(), out.dw.data(), need_dx ? out.dx.data() : nullptr);
   return out;
 }
 
@@ -482,19 +411,17 @@ ops::BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& g
   return backward_from_sums(first_pass_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds), gamma, stats);
 }
 
-// Up to 256 x 256 channels: each thread's weight gradient (256 KiB) then stays in its L2 cache.
 // Measured against batchnorm_backward + oneDNN's conv2d_backward at batch 128, 2 threads: AVX-512,
 // 32 -> 64 channels at 28x28 5.7 against 9.1 ms, 128 -> 128 at 14x14 7.2 against 8.0, 256 -> 128 at
 // 7x7 3.3 against 3.4; AVX2 (Zen 3), new / old 0.76 to 0.91 at stride 1 and 0.84 and 0.85 at stride
 // 2 (tools/bench/README.md).
 bool conv1x1_grads_fit(const Tensor& x, const Tensor& conv_x, const Tensor& w, const ops::ConvSpec& spec) {
-  if (!conv1x1::kernels() || x.ndim() != 4 || conv_x.ndim() != 4 || w.ndim() != 4) return false;
+  if (x.ndim() != 4 || conv_x.ndim() != 4 || w.ndim() != 4) return false;
   const std::int64_t oc = x.dim(1), ic = conv_x.dim(1);
   const auto out_size = [&](std::int64_t in) { return (in - 1) / spec.stride + 1; };
-  return (spec.stride == 1 || spec.stride == 2) && spec.pad == 0 && spec.groups == 1 &&
+  return conv1x1::grads_fit(ic, oc, spec.stride) && spec.pad == 0 && spec.groups == 1 &&
          w.layout() == Layout::Contiguous && w.shape() == Shape({oc, ic, 1, 1}) && conv_x.dim(0) == x.dim(0) &&
-         out_size(conv_x.dim(2)) == x.dim(2) && out_size(conv_x.dim(3)) == x.dim(3) && oc % 16 == 0 &&
-         ic % 16 == 0 && oc * ic <= 256 * 256;
+         out_size(conv_x.dim(2)) == x.dim(2) && out_size(conv_x.dim(3)) == x.dim(3);
 }
 
 ops::BatchNormConvGrads batchnorm_conv1x1_backward(const Tensor& x, const Tensor& gamma, const ops::BatchStats& stats,

@@ -1,6 +1,6 @@
 // Internal: grow-only scratch buffers of the calling thread, for the CPU kernels' per-thread work
 // areas (SASA's scratch, gradient planes, projected planes and one head's planes, the batch norm's
-// blocks of a fused 1x1 convolution gradient). Allocating (and zeroing) them on every call cost more
+// blocks of a 1x1 convolution's gradient). Allocating (and zeroing) them on every call cost more
 // than filling them. 64-byte aligned: the kernels' vectors in them then never straddle cache lines
 // (a split store followed by a load of the same vector stalls). The contents are kept between
 // calls; a larger request replaces them.
@@ -10,7 +10,7 @@
 
 namespace relpos::cpu {
 
-enum class ThreadBuffer { SasaScratch, SasaGradPlanes, SasaProjectedPlanes, SasaHeadPlanes, BatchNormBlock, Count };
+enum class ThreadBuffer { SasaScratch, SasaGradPlanes, SasaProjectedPlanes, SasaHeadPlanes, Conv1x1Block, Count };
 
 // At least `floats` floats, the same memory for the same slot until a larger request.
 float* thread_buffer(ThreadBuffer slot, std::int64_t floats);
