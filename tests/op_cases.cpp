@@ -235,7 +235,11 @@ void conv_cases(std::vector<OpCase>& out) {
                        // gradient's skipped rows and columns zero), 48 input channels in groups of
                        // 16 and 32
                        Shp{{2, 16, 5, 7}, 128, 1, 1, 0, 1}, Shp{{3, 32, 7, 9}, 128, 1, 2, 0, 1},
-                       Shp{{1, 48, 4, 5}, 144, 1, 1, 0, 1}}) {
+                       Shp{{1, 48, 4, 5}, 144, 1, 1, 0, 1},
+                       // 3x3 stride 2 over 8 images and 3000 output pixels or more: on AVX2 the
+                       // input gradient by relpos's products too (winograd::suits_input_grad_s2),
+                       // an odd height
+                       Shp{{16, 64, 27, 28}, 64, 3, 2, 1, 1}}) {
     OpCase c;
     c.covers = {"conv2d", "conv2d_backward"};
     const ops::ConvSpec sp{s.stride, s.pad, s.groups};

@@ -2,9 +2,11 @@
 // case; every case's forward matches its naive reference (or is covered by named golden files);
 // every differentiable input's gradient matches finite differences. test_cuda runs the same table
 // for CPU vs CUDA parity, and relpos_microbench times the cases marked bench.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "core/op_cache.hpp"
 #if defined(__x86_64__)
@@ -13,6 +15,7 @@
 #endif
 #include "core/ops_internal.hpp"
 #include "op_cases.hpp"
+#include "relpos/runtime.hpp"
 #include "test_util.hpp"
 
 using namespace relpos;
@@ -146,3 +149,62 @@ TEST_CASE("an RGB stem's 3x3 convolution passes a NaN pixel on") {
       }
   }
 }
+
+#if defined(__x86_64__)  // conv2d_winograd.cpp is built for x86-64 only
+TEST_CASE("a stride-2 3x3 convolution's input gradient by relpos's products: every element against a direct sum") {
+  // conv2d_winograd.hpp: conv3x3_s2_input_grad, called directly so that small shapes run it too
+  // (conv2d_backward takes it from 8 images and 3000 output pixels on): odd and even sizes (the
+  // last row's and column's taps off the map), 16 to 64 input channels, output channels that are
+  // not whole vectors, chunks of output pixels that span images, 1 to 3 threads.
+  if (!cpu::winograd::available()) return;
+  struct Shp {
+    std::int64_t n, in, h, w, out;
+  };
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  for (const Shp& s : {Shp{1, 16, 5, 5, 8}, Shp{2, 32, 7, 6, 24}, Shp{3, 16, 9, 11, 40}, Shp{2, 64, 14, 13, 16},
+                       Shp{5, 48, 4, 3, 20}}) {
+    const std::int64_t oh = (s.h - 1) / 2 + 1, ow = (s.w - 1) / 2 + 1;
+    std::vector<float> dy(static_cast<std::size_t>(s.n * oh * ow * s.out)), w(static_cast<std::size_t>(s.out * s.in * 9));
+    for (float& v : dy) v = nd(rng);
+    for (float& v : w) v = nd(rng);
+    // dx[b][iy][ix][c] = sum over (y, x, ky, kx) with iy = 2 y - 1 + ky, ix = 2 x - 1 + kx of
+    // dy[b][y][x][o] w[o][c][ky][kx]
+    std::vector<double> want(static_cast<std::size_t>(s.n * s.h * s.w * s.in), 0.0);
+    for (std::int64_t b = 0; b < s.n; ++b)
+      for (std::int64_t y = 0; y < oh; ++y)
+        for (std::int64_t x = 0; x < ow; ++x)
+          for (int ky = 0; ky < 3; ++ky)
+            for (int kx = 0; kx < 3; ++kx) {
+              const std::int64_t iy = 2 * y - 1 + ky, ix = 2 * x - 1 + kx;
+              if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+              for (std::int64_t c = 0; c < s.in; ++c) {
+                double sum = 0.0;
+                for (std::int64_t o = 0; o < s.out; ++o)
+                  sum += double(dy[static_cast<std::size_t>(((b * oh + y) * ow + x) * s.out + o)]) *
+                         w[static_cast<std::size_t>(((o * s.in + c) * 3 + ky) * 3 + kx)];
+                want[static_cast<std::size_t>(((b * s.h + iy) * s.w + ix) * s.in + c)] += sum;
+              }
+            }
+    for (int threads : {1, 2, 3}) {
+      CAPTURE(s.n);
+      CAPTURE(s.in);
+      CAPTURE(s.h);
+      CAPTURE(s.w);
+      CAPTURE(s.out);
+      CAPTURE(threads);
+      set_num_threads(threads);
+      std::vector<float> dx(want.size(), std::nanf(""));
+      cpu::winograd::conv3x3_s2_input_grad(dy.data(), w.data(), s.n, s.h, s.w, s.in, s.out, dx.data());
+      double worst = 0.0, scale = 1.0;
+      for (std::size_t i = 0; i < dx.size(); ++i) {
+        worst = std::max(worst, std::fabs(dx[i] - want[i]));  // (a NaN left unwritten fails below)
+        if (std::isnan(dx[i])) worst = 1e9;
+        scale = std::max(scale, std::fabs(want[i]));
+      }
+      CHECK(worst <= 2e-5 * scale);
+    }
+  }
+  set_num_threads(0);
+}
+#endif

@@ -59,6 +59,19 @@ bool suits_weight_grad_s2(std::int64_t in_channels, std::int64_t out_channels, s
          out_channels >= 64 && in_channels * out_channels <= 128 * 128 && pixels >= 196;
 }
 
+bool suits_input_grad_s2(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw,
+                         int stride, int pad, int groups, std::int64_t n, std::int64_t pixels) {
+  // Measured on AVX2 only (a 2-vCPU EPYC, 2026-11-28, 12 pairs; the whole backward, both gradients,
+  // the weight gradient relpos's either way, against oneDNN's direct input gradient and its reorders,
+  // tools/bench/README.md): 128x64x28x28 -> 64 0.94 to 0.95, 128x128x14x14 -> 128 0.91 to 0.94,
+  // 32x64x56x56 -> 128 0.944, 16x64x28x28 -> 128 0.947, 16x128x28x28 -> 64 0.984, 16x256x32x32 ->
+  // 256 0.975, 8x64x56x56 -> 64 0.981; losing with 32 channels (32x32x56x56 1.051), on fewer
+  // output pixels (4x64x28x28 1.016, 8x128x14x14 1.076) and on few images (the threads take whole
+  // images: 1x128x14x14 2.1).
+  return suits_stride2(in_channels, out_channels, kh, kw, stride, pad, groups, Act::None) && in_channels % 16 == 0 &&
+         in_channels >= 64 && out_channels >= 64 && n >= 8 && pixels >= 3000;
+}
+
 bool suits_training(std::int64_t in_channels, std::int64_t out_channels, std::int64_t n, std::int64_t h,
                     std::int64_t w, bool weight_grad) {
   // Measured against oneDNN's direct kernels, 2 threads, AVX-512 (batch 128 at 28x28 and 14x14, 32
@@ -375,13 +388,22 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   }
   // A 3x3 stride-2 convolution: the weight gradient by relpos's own products where they are the
   // faster way (conv2d_winograd.hpp: suits_weight_grad_s2), without oneDNN's reorder of x into its
-  // blocked layout. The input gradient stays with oneDNN.
+  // blocked layout.
   if (winograd::available() &&
       winograd::suits_weight_grad_s2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, g.n * g.oh * g.ow)) {
     grads.dw = Tensor(w.shape());
     winograd::conv3x3_s2_weight_grad(x.data(), dy.data(), g.n, g.h, g.w, g.c, g.o, grads.dw.data());
     want_dw = false;
     if (!want_dx) return grads;
+  }
+  // Its input gradient likewise (suits_input_grad_s2), dy read as it lies: without oneDNN's
+  // reorders of dy and dx
+  if (want_dx && winograd::available() &&
+      winograd::suits_input_grad_s2(g.c, g.o, g.kh, g.kw, spec.stride, spec.pad, g.groups, g.n, g.n * g.oh * g.ow)) {
+    grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
+    winograd::conv3x3_s2_input_grad(dy.data(), w.data(), g.n, g.h, g.w, g.c, g.o, grads.dx.data());
+    want_dx = false;
+    if (!want_dw) return grads;
   }
 #endif
   const bool any = kernel_layout(g, false);

@@ -125,6 +125,25 @@ void conv3x3_s2_weight_grad(const float* x, const float* dy, std::int64_t n, std
   kernels_for(in, out).weight_grad_s2(x, dy, n, h, w, in, out, dw);
 }
 
+void conv3x3_s2_input_grad(const float* dy, const float* w, std::int64_t n, std::int64_t h, std::int64_t wd,
+                           std::int64_t in, std::int64_t out, float* dx) {
+  // the AVX2 build, measured (suits_input_grad_s2 keeps it to AVX2-only CPUs; the AVX-512 build's
+  // column blocks of 32 would need in to be a multiple of 32)
+  const KernelSet& k = avx2::kKernels;
+  RELPOS_CHECK(in % 16 == 0, "winograd: the stride-2 input gradient takes input channels in multiples of 16, not " << in);
+  const std::int64_t cols_per_block = 2 * k.lanes;
+  // u[j / cols_per_block][o][j % cols_per_block] = w[o][c][tap] for column j = tap * in + c
+  std::vector<float> u(static_cast<std::size_t>(9 * in * out));
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t c = 0; c < in; ++c)
+      for (std::int64_t tap = 0; tap < 9; ++tap) {
+        const std::int64_t j = tap * in + c;
+        u[static_cast<std::size_t>((j / cols_per_block * out + o) * cols_per_block + j % cols_per_block)] =
+            w[(o * in + c) * 9 + tap];
+      }
+  k.input_grad_s2(dy, u.data(), n, h, wd, in, out, dx);
+}
+
 void finish_weight_grad(const float* sums, std::size_t stride, int threads, std::int64_t in, std::int64_t out,
                         std::int64_t in_pad, float* dw) {
 #pragma omp parallel for num_threads(threads) schedule(static)

@@ -84,6 +84,15 @@ bool suits_weight_grad_s2(std::int64_t in_channels, std::int64_t out_channels, s
 void conv3x3_s2_weight_grad(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
                             std::int64_t in, std::int64_t out, float* dw);
 
+// Its input gradient: dx (n, h, w, in) from dy (n, (h - 1) / 2 + 1, (w - 1) / 2 + 1, out), both
+// channels-last, and w (out, in, 3, 3). One product of dy with the kernels (out x 9 in) per chunk of
+// an image's output rows through the same register-blocked kernel, its 9 taps then added into the
+// input pixels under them. suits_input_grad_s2() says where it runs.
+bool suits_input_grad_s2(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kh, std::int64_t kw,
+                         int stride, int pad, int groups, std::int64_t n, std::int64_t pixels);
+void conv3x3_s2_input_grad(const float* dy, const float* w, std::int64_t n, std::int64_t h, std::int64_t wd,
+                           std::int64_t in, std::int64_t out, float* dx);
+
 // ---- between conv2d_winograd.cpp and the kernel builds ----
 
 // Weights without std::vector (the kernel builds use no standard-library templates).
@@ -107,6 +116,8 @@ struct KernelSet {
                      Act act, float* y);
   void (*weight_grad_s2)(const float* x, const float* dy, std::int64_t n, std::int64_t h, std::int64_t w,
                          std::int64_t in, std::int64_t out, float* dw);
+  void (*input_grad_s2)(const float* dy, const float* u, std::int64_t n, std::int64_t h, std::int64_t w,
+                        std::int64_t in, std::int64_t out, float* dx);
   int lanes;
 };
 namespace avx2 {
