@@ -155,7 +155,8 @@ TEST_CASE("a stride-2 3x3 convolution's input gradient by relpos's products: eve
   // conv2d_winograd.hpp: conv3x3_s2_input_grad, called directly so that small shapes run it too
   // (conv2d_backward takes it from 8 images and 3000 output pixels on): odd and even sizes (the
   // last row's and column's taps off the map), 16 to 64 input channels, output channels that are
-  // not whole vectors, chunks of output pixels that span images, 1 to 3 threads.
+  // not whole vectors, chunks of output pixels that span images, 1 and 2 threads, and 3 asked for
+  // inside another parallel region (where the team has one).
   if (!cpu::winograd::available()) return;
   struct Shp {
     std::int64_t n, in, h, w, out;
@@ -195,7 +196,13 @@ TEST_CASE("a stride-2 3x3 convolution's input gradient by relpos's products: eve
       CAPTURE(threads);
       set_num_threads(threads);
       std::vector<float> dx(want.size(), std::nanf(""));
-      cpu::winograd::conv3x3_s2_input_grad(dy.data(), w.data(), s.n, s.h, s.w, s.in, s.out, dx.data());
+      if (threads < 3) {
+        cpu::winograd::conv3x3_s2_input_grad(dy.data(), w.data(), s.n, s.h, s.w, s.in, s.out, dx.data());
+      } else {  // from inside another parallel region: a team of one where three were asked for
+#pragma omp parallel num_threads(2)
+#pragma omp single
+        cpu::winograd::conv3x3_s2_input_grad(dy.data(), w.data(), s.n, s.h, s.w, s.in, s.out, dx.data());
+      }
       double worst = 0.0, scale = 1.0;
       for (std::size_t i = 0; i < dx.size(); ++i) {
         worst = std::max(worst, std::fabs(dx[i] - want[i]));  // (a NaN left unwritten fails below)
