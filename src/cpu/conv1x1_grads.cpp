@@ -65,7 +65,8 @@ void grads(const GradShape& s, const BlockOfG& block_of_g, const float* x, const
       for (std::int64_t line = r0 / ow; line < (r0 + n) / ow; ++line) {
         const float* src = x + input_pixel(line) * ic;
         float* dst = xs + (line * ow - r0) * ic;
-        for (std::int64_t col = 0; col < ow; ++col) std::copy(src + 2 * col * ic, src + (2 * col + 1) * ic, dst + col * ic);
+        for (std::int64_t col = 0; col < ow; ++col)
+          std::copy(src + 2 * col * ic, src + (2 * col + 1) * ic, dst + col * ic);
       }
       k.add_weight_grad(g, oc, xs, ic, ic, n, dwt);
       if (!dx) continue;

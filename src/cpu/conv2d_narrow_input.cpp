@@ -48,10 +48,11 @@ void weight_grad(const InputView& x, int stride, const float* dy, std::int64_t i
     weight_grad_rows_avx2(x, stride, dy, in, out, rows * t / used, rows * (t + 1) / used,
                           scratch.data() + t * row_len, sums.data() + t * size);
   }
+  const auto at = [&](std::int64_t i) -> float& { return sums[static_cast<std::size_t>(i)]; };
   for (int t = 1; t < used; ++t)
-    for (std::int64_t i = 0; i < size; ++i) sums[static_cast<std::size_t>(i)] += sums[static_cast<std::size_t>(t * size + i)];
+    for (std::int64_t i = 0; i < size; ++i) at(i) += at(t * size + i);
   for (std::int64_t o = 0; o < out; ++o)
-    for (std::int64_t tap = 0; tap < in * 9; ++tap) dw[o * in * 9 + tap] = sums[static_cast<std::size_t>(tap * out + o)];
+    for (std::int64_t tap = 0; tap < in * 9; ++tap) dw[o * in * 9 + tap] = at(tap * out + o);
 }
 
 }  // namespace relpos::cpu::narrow_input

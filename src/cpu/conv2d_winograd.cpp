@@ -130,7 +130,8 @@ void conv3x3_s2_input_grad(const float* dy, const float* w, std::int64_t n, std:
   // the AVX2 build, measured (suits_input_grad_s2 keeps it to AVX2-only CPUs; the AVX-512 build's
   // column blocks of 32 would need in to be a multiple of 32)
   const KernelSet& k = avx2::kKernels;
-  RELPOS_CHECK(in % 16 == 0, "winograd: the stride-2 input gradient takes input channels in multiples of 16, not " << in);
+  RELPOS_CHECK(in % 16 == 0,
+               "winograd: the stride-2 input gradient takes input channels in multiples of 16, not " << in);
   const std::int64_t cols_per_block = 2 * k.lanes;
   // u[j / cols_per_block][o][j % cols_per_block] = w[o][c][tap] for column j = tap * in + c
   std::vector<float> u(static_cast<std::size_t>(9 * in * out));
