@@ -116,7 +116,6 @@ const bn::Kernels& bn::kernels() {
   return k;
 }
 
-
 namespace {
 // scale and shift of PyTorch's form, x * scale + shift, from gamma, beta and the statistics
 void affine_of(const Tensor& gamma, const Tensor& beta, const ops::BatchStats& stats, float* scale, float* shift) {
