@@ -346,8 +346,7 @@ ops::ConvGrads conv2d_backward(const Tensor& x_in, const Tensor& w, const Tensor
   // relpos's own kernels (conv1x1_grads.hpp), dy read in place. Against oneDNN's two gradients
   // (2 threads, Zen 3): 0.85 to 0.96 from 128 output channels on, the batch-1 8x8 128 -> 128 0.61;
   // 1.06 to 1.16 with 32 or 64 (where they stay with oneDNN). Not measured with AVX-512.
-  if (g.kh == 1 && g.kw == 1 && spec.pad == 0 && g.groups == 1 && w.layout() == Layout::Contiguous &&
-      g.o >= 128 && !avx512_kernels() && conv1x1::grads_fit(g.c, g.o, spec.stride)) {
+  if (g.o >= 128 && !avx512_kernels() && conv1x1_grads_fit(dy, x, w, spec)) {
     grads.dw = Tensor(w.shape());
     if (need_dx) grads.dx = Tensor(x.shape(), Device::CPU, Layout::ChannelsLast);
     const float* dyp = dy.data();

@@ -12,6 +12,17 @@ namespace relpos::cpu::narrow_input {
 
 namespace {
 
+// An input row (w values, sx floats apart) into dst with a zero on its left and zeros after it up to
+// len floats
+void padded_row(const float* src, std::int64_t w, std::int64_t sx, std::int64_t len, float* dst) {
+  dst[0] = 0.0f;
+  if (sx == 1)
+    __builtin_memcpy(dst + 1, src, static_cast<std::size_t>(w) * sizeof(float));
+  else
+    for (std::int64_t ix = 0; ix < w; ++ix) dst[ix + 1] = src[ix * sx];
+  for (std::int64_t i = w + 1; i < len; ++i) dst[i] = 0.0f;
+}
+
 // V vectors of 8 output channels for P = 12 / V pixels at a time: 12 sums in registers, V kernel
 // vectors and a broadcast input value beside them. For each output row, the input rows under it are
 // first copied planar with a zero on either side (and zero rows above and below the map), so the
@@ -49,13 +60,7 @@ void conv_lanes(const InputView& x, int stride, const PackedKernels& wt, Act act
             for (std::int64_t i = 0; i < row_len; ++i) dst[i] = 0.0f;
             continue;
           }
-          const float* src = img + c * x.sc + iy * x.sy;
-          dst[0] = 0.0f;
-          if (x.sx == 1)
-            __builtin_memcpy(dst + 1, src, static_cast<std::size_t>(x.w) * sizeof(float));
-          else
-            for (std::int64_t ix = 0; ix < x.w; ++ix) dst[ix + 1] = src[ix * x.sx];
-          for (std::int64_t i = x.w + 1; i < row_len; ++i) dst[i] = 0.0f;
+          padded_row(img + c * x.sc + iy * x.sy, x.w, x.sx, row_len, dst);
         }
       for (std::int64_t blk = 0; blk < blocks; ++blk) {
         const std::int64_t ox0 = blk * P;
@@ -118,10 +123,7 @@ void weight_grad_lanes(const InputView& x, int stride, const float* dy, std::int
       for (int ky = 0; ky < 3; ++ky) {
         const std::int64_t iy = oy * stride - 1 + ky;
         if (iy < 0 || iy >= x.h) continue;  // a zero row adds nothing
-        const float* src = x.data + b * x.sb + c * x.sc + iy * x.sy;
-        rows[0] = 0.0f;
-        for (std::int64_t ix = 0; ix < x.w; ++ix) rows[ix + 1] = src[ix * x.sx];
-        for (std::int64_t i = x.w + 1; i < row_len; ++i) rows[i] = 0.0f;
+        padded_row(x.data + b * x.sb + c * x.sc + iy * x.sy, x.w, x.sx, row_len, rows);
         float* sk = s + (c * 3 + ky) * 3 * out;
         __m256 acc[3][V];
 #pragma GCC unroll 3
