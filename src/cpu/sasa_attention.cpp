@@ -122,9 +122,12 @@ float* plane_buffer(const PlaneLayout& layout, std::int64_t floats, bool* clean)
   if (entries.size() >= kKeep)  // forget the least recently used
     entries.erase(std::min_element(entries.begin(), entries.end(),
                                    [](const Entry& a, const Entry& b) { return a.used < b.used; }));
-  entries.push_back({layout, std::unique_ptr<float[]>(new float[static_cast<std::size_t>(floats)]), clock});
+  // (kColumnReach floats of guard on either side, zero: the kernels' loads of a window row reach
+  // there at the first and last plane's ends)
+  const std::size_t n = static_cast<std::size_t>(floats + 2 * sasa::kColumnReach);
+  entries.push_back({layout, std::unique_ptr<float[]>(new float[n]()), clock});
   *clean = false;
-  return entries.back().data.get();
+  return entries.back().data.get() + sasa::kColumnReach;
 }
 
 // run(i, h, y) for the row pairs y = 0, 2, ... of every head of images [0, n), split over the
@@ -232,13 +235,15 @@ constexpr std::int64_t kHeadMinChannels = 48, kHeadMaxFloats = 160 * 1024;
 // Where the kernels' plane pointers start and the zero guards around planes with no padding of
 // their own: the origin (padded (0, 0)) lies `lead` floats before pixel (0, 0); `front` floats of
 // guard precede the first plane and `back` follow the last (whole 64-byte lines), so that the
-// origin and the lanes past the last row's end stay inside.
+// origin and the lanes past the last row's end stay inside, with kColumnReach more on either side
+// for the AVX-512 kernels' loads of a window row.
 struct PlaneGuards {
   std::int64_t lead, front, back;
 };
 PlaneGuards plane_guards(const sasa::Planes& p) {
   const std::int64_t lead = static_cast<std::int64_t>(p.r) * p.W + p.r;
-  return {lead, (lead + 15) / 16 * 16, (p.r + sasa::kMaxLanes + 15) / 16 * 16};
+  return {lead, (lead + sasa::kColumnReach + 15) / 16 * 16,
+          (p.r + sasa::kMaxLanes + sasa::kColumnReach + 15) / 16 * 16};
 }
 
 // Images per task of attend_by_head: the largest divisor m of n whose m images stay within

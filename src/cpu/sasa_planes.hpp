@@ -19,6 +19,11 @@ namespace relpos::cpu::sasa {
 // The most vector lanes (query pixels of a row handled together) of any kernel set.
 constexpr int kMaxLanes = 16;
 
+// How far the AVX-512 kernels' loads of a window row reach past what the window covers, before its
+// first column and after its last lane (sasa_simd_kernels.inc: window_columns): every plane buffer
+// has at least this many floats of guard before its first plane and after its last.
+constexpr int kColumnReach = 16;
+
 struct Planes {
   int H = 0, W = 0;    // the feature map
   int r = 0, k = 0;    // window radius and size (k = 2r + 1)
