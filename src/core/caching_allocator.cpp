@@ -1,11 +1,16 @@
 #include "core/caching_allocator.hpp"
 
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <unordered_map>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
+#include "core/huge_page_arena.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::detail {
@@ -84,10 +89,34 @@ namespace {
 // activations are streamed through once per op, and 4 KiB pages cost a TLB miss every 64 cache lines
 // (a training step about 5% faster, tools/bench/README.md). The price is paid once, when a block is
 // first touched: the kernel zeroes (and may compact memory for) whole 2 MiB pages, which makes the
-// first training step about twice as long; the cache then hands the blocks out again.
+// first training step about twice as long; the cache then hands the blocks out again. Blocks the
+// cache keeps (kMinCached and more) but under 2 MiB are carved from huge-page slabs
+// (huge_page_arena.hpp); the cache hands them out again, so the slabs are carved once.
+constexpr std::size_t kHuge = std::size_t{2} << 20, kMinCached = std::size_t{256} << 10;
+
+struct HostBlocks {
+  std::mutex mutex;
+  std::unordered_map<void*, std::shared_ptr<void>> carved;  // blocks from the arena
+};
+HostBlocks& host_blocks() {
+  static HostBlocks* b = new HostBlocks;  // (never destroyed: the cache may release blocks at exit)
+  return *b;
+}
+
 void* host_alloc(std::size_t n) {
-  constexpr std::size_t kHuge = std::size_t{2} << 20;
-  if (n < kHuge) return std::aligned_alloc(64, n);
+  if (n < kMinCached || !huge_pages_wanted()) return std::aligned_alloc(64, (n + 63) / 64 * 64);
+  if (n < kHuge) {
+    std::shared_ptr<void> p;
+    try {
+      p = arena_alloc(n);
+    } catch (const std::bad_alloc&) {
+      return nullptr;  // (the cache then gives its idle blocks back and tries once more)
+    }
+    HostBlocks& b = host_blocks();
+    std::lock_guard<std::mutex> lock(b.mutex);
+    b.carved.emplace(p.get(), p);
+    return p.get();
+  }
   const std::size_t bytes = (n + kHuge - 1) / kHuge * kHuge;
   void* p = std::aligned_alloc(kHuge, bytes);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -96,13 +125,25 @@ void* host_alloc(std::size_t n) {
   return p;
 }
 
+void host_free(void* p) {
+  HostBlocks& b = host_blocks();
+  {
+    std::lock_guard<std::mutex> lock(b.mutex);
+    auto it = b.carved.find(p);
+    if (it != b.carved.end()) {
+      b.carved.erase(it);
+      return;
+    }
+  }
+  std::free(p);
+}
+
 }  // namespace
 
 CachingAllocator& host_allocator() {
   // Blocks of 256 KiB and more are cached (smaller ones come from malloc's own arenas quickly);
   // up to RELPOS_HOST_CACHE_MB (default 4096) MiB stay idle.
-  static CachingAllocator a(host_alloc, [](void* p) { std::free(p); },
-                            256 << 10,
+  static CachingAllocator a(host_alloc, host_free, kMinCached,
                             static_cast<std::size_t>(std::getenv("RELPOS_HOST_CACHE_MB")
                                                          ? std::atol(std::getenv("RELPOS_HOST_CACHE_MB"))
                                                          : 4096)

@@ -184,6 +184,7 @@ struct ConvPlan {
   dnnl::memory weights;  // in the layout pd wants
   bool has_bias = false;
   dnnl::memory bias;
+  std::shared_ptr<void> held, held_bias;  // the memory of weights and bias (arena_memory)
 };
 
 std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, const Tensor* bias,
@@ -207,7 +208,7 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, cons
                                       dst_md, strides_of(spec), pads_of(spec), pads_r(g, spec));
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
     plan->has_bias = true;
-    plan->bias = dnnl::memory(bmd, engine());
+    plan->bias = arena_memory(bmd, plan->held_bias);
     std::memcpy(plan->bias.get_data_handle(), bias->data(), static_cast<std::size_t>(g.o) * 4);
   } else {
     dnnl::convolution_forward::desc d(prop, dnnl::algorithm::convolution_direct, src_md, wany, dst_md,
@@ -217,10 +218,10 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, cons
   plan->prim = dnnl::convolution_forward(plan->pd);
   auto wplain = mem(weights_md(g, tag::oihw), w);
   if (plan->pd.weights_desc() == wplain.get_desc()) {
-    plan->weights = dnnl::memory(wplain.get_desc(), engine());
+    plan->weights = arena_memory(wplain.get_desc(), plan->held);
     std::memcpy(plan->weights.get_data_handle(), w.data(), w.bytes());
   } else {
-    plan->weights = dnnl::memory(plan->pd.weights_desc(), engine());
+    plan->weights = arena_memory(plan->pd.weights_desc(), plan->held);
     dnnl::reorder(wplain, plan->weights).execute(stream(), wplain, plan->weights);
     stream().wait();
   }

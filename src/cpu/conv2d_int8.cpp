@@ -52,6 +52,7 @@ struct Int8Plan {
   dnnl::convolution_forward prim;
   dnnl::memory weights, bias;
   bool has_bias = false;
+  std::shared_ptr<void> held, held_bias;  // the memory of weights and bias (arena_memory)
 };
 
 // out_scale > 0: the output is u8 with that scale, else float32. sum_scale > 0: a residual is added
@@ -96,7 +97,7 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
                                       src_md, wany, bmd, dst_md, strides, pad_l, pad_r);
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
     plan->has_bias = true;
-    plan->bias = dnnl::memory(bmd, engine());
+    plan->bias = arena_memory(bmd, plan->held_bias);
     // oneDNN 2.x adds the bias to the accumulator before the output scales: dst = scale * (acc +
     // bias); so the bias goes in in accumulator units (3.x adds it after scaling instead)
     float* b = static_cast<float*>(plan->bias.get_data_handle());
@@ -120,7 +121,7 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
                  "conv2d_int8: weight value " << v << " is not an integer in [-127, 127]");
     q[i] = static_cast<std::int8_t>(halve ? std::nearbyint(0.5f * v) : v);
   }
-  plan->weights = dnnl::memory(plan->pd.weights_desc(), engine());
+  plan->weights = arena_memory(plan->pd.weights_desc(), plan->held);
   dnnl::reorder(plain, plan->weights).execute(stream(), plain, plan->weights);
   stream().wait();
   return plan;

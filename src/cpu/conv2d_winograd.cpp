@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "core/huge_page_arena.hpp"
 #include "cpu/cpu_features.hpp"
 #include "relpos/error.hpp"
 
@@ -40,7 +41,9 @@ std::shared_ptr<Weights> empty_weights(std::int64_t out, std::int64_t in, const 
   wt->lanes = kernels_for(in, out, true).lanes;
   const std::int64_t cols = 2 * wt->lanes;
   wt->out_pad = (out + cols - 1) / cols * cols;
-  wt->u.assign(static_cast<std::size_t>(kPos * wt->out_pad * in), 0.0f);
+  const std::size_t n = static_cast<std::size_t>(kPos * wt->out_pad * in);
+  wt->u = detail::arena_array<float>(n);
+  std::fill(wt->u.get(), wt->u.get() + n, 0.0f);
   wt->bias.assign(static_cast<std::size_t>(out), 0.0f);
   if (bias) std::copy(bias, bias + out, wt->bias.begin());
   return wt;
@@ -52,7 +55,7 @@ std::shared_ptr<Weights> transform_weights(const float* w, std::int64_t out, std
                                            bool turned) {
   auto wt = empty_weights(out, in, bias, 1);
   const std::int64_t cols = 2 * wt->lanes, blocks = wt->out_pad / cols;
-  float* u_out = wt->u.data();
+  float* u_out = wt->u.get();
 #pragma omp parallel for schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
     for (std::int64_t c = 0; c < in; ++c) {
@@ -78,7 +81,7 @@ std::shared_ptr<Weights> transform_weights_s2(const float* w, std::int64_t out, 
   constexpr double G2[5][2] = {{1.0 / 2, 0}, {-1.0 / 2, -1.0 / 2}, {-1.0 / 6, 1.0 / 6}, {1.0 / 6, 1.0 / 3}, {0, 1}};
   auto wt = empty_weights(out, in, bias, 2);
   const std::int64_t cols = 2 * wt->lanes, blocks = wt->out_pad / cols;
-  float* u_out = wt->u.data();
+  float* u_out = wt->u.get();
 #pragma omp parallel for schedule(static)
   for (std::int64_t o = 0; o < out; ++o)
     for (std::int64_t c = 0; c < in; ++c) {
@@ -105,13 +108,13 @@ std::shared_ptr<Weights> transform_weights_s2(const float* w, std::int64_t out, 
 void conv3x3_s2(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act,
                 float* y) {
   RELPOS_CHECK(wt.stride == 2, "winograd: kernels transformed for stride " << wt.stride << " used at stride 2");
-  const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
+  const PackedKernels view{wt.u.get(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
   (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3_s2(x, n, h, w, view, act, y);
 }
 
 void conv3x3(const float* x, std::int64_t n, std::int64_t h, std::int64_t w, const Weights& wt, Act act, float* y) {
   RELPOS_CHECK(wt.stride == 1, "winograd: kernels transformed for stride " << wt.stride << " used at stride 1");
-  const PackedKernels view{wt.u.data(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
+  const PackedKernels view{wt.u.get(), wt.bias.data(), wt.in, wt.out, wt.out_pad};
   (wt.lanes == 16 ? avx512::kKernels : avx2::kKernels).conv3x3(x, n, h, w, view, act, y);
 }
 

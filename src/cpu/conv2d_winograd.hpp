@@ -44,7 +44,7 @@ struct Weights {
   std::int64_t in = 0, out = 0, out_pad = 0;
   int lanes = 8;   // 8: the AVX2 build runs them, 16: the AVX-512 build
   int stride = 1;  // 2: transformed for conv3x3_s2
-  std::vector<float> u;
+  std::shared_ptr<float> u;  // kPos * out_pad * in floats, in huge-page arena memory (core/huge_page_arena.hpp)
   std::vector<float> bias;  // out values, zeros without a bias
 };
 

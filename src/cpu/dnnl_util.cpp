@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/huge_page_arena.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
@@ -65,19 +66,22 @@ bool brgemm_matmul() {
   return on;
 }
 
+dnnl::memory arena_memory(const dnnl::memory::desc& md, std::shared_ptr<void>& hold) {
+  hold = detail::arena_alloc(md.get_size());
+  return dnnl::memory(md, engine(), hold.get());
+}
+
 namespace {
 struct Scratch {
-  void* p = nullptr;
+  std::shared_ptr<void> p;  // huge-page arena memory (core/huge_page_arena.hpp)
   std::size_t bytes = 0;
-  ~Scratch() { std::free(p); }
   void* get(std::size_t n) {
     if (n > bytes) {
-      std::free(p);
+      p.reset();
       bytes = (n + 4095) / 4096 * 4096;
-      p = std::aligned_alloc(64, bytes);
-      RELPOS_CHECK(p != nullptr, "out of memory for a " << n << "-byte scratchpad");
+      p = detail::arena_alloc(bytes);
     }
-    return p;
+    return p.get();
   }
 };
 }  // namespace

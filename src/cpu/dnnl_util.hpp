@@ -3,6 +3,7 @@
 // model can run on many threads at once.
 #pragma once
 
+#include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
@@ -24,6 +25,10 @@ dnnl::memory::desc md_plain(const Shape& shape);
 dnnl::memory::desc md_nhwc(const Shape& nchw_shape);
 dnnl::memory mem(const dnnl::memory::desc& md, const Tensor& t);
 dnnl::memory mem(const dnnl::memory::desc& md, const float* p);
+
+// A memory for `md` (weights packed for a kernel, kept as long as the model) in huge-page arena memory
+// (core/huge_page_arena.hpp) that `hold` keeps.
+dnnl::memory arena_memory(const dnnl::memory::desc& md, std::shared_ptr<void>& hold);
 
 // Primitive attributes with the user scratchpad mode set.
 dnnl::primitive_attr scratch_attr();

@@ -159,6 +159,7 @@ std::int64_t chunk_images(std::int64_t B, std::int64_t units_per_image, int thre
 struct HeadRows {
   dnnl::memory::desc md;             // the packed layout
   std::vector<dnnl::memory> packed;  // per head
+  std::vector<std::shared_ptr<void>> held;  // their memory (arena_memory)
 };
 struct HeadMatmul {
   dnnl::matmul::primitive_desc pd;
@@ -184,7 +185,8 @@ std::shared_ptr<HeadRows> pack_head_rows(const float* w, const SasaGeometry& g, 
       dst += count[part] * Cin;
     }
     dnnl::memory src(dnnl::memory::desc({Cin, hc}, dt::f32, dims{1, Cin}), engine(), plain.data());
-    rows->packed.emplace_back(md, engine());
+    rows->held.emplace_back();
+    rows->packed.push_back(arena_memory(md, rows->held.back()));
     dnnl::reorder(src, rows->packed.back()).execute(stream(), src, rows->packed.back());
     stream().wait();
   }

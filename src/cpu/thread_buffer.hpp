@@ -2,8 +2,8 @@
 // areas (SASA's scratch, gradient planes, projected planes and one head's planes, the batch norm's
 // blocks of a 1x1 convolution's gradient). Allocating (and zeroing) them on every call cost more
 // than filling them. 64-byte aligned: the kernels' vectors in them then never straddle cache lines
-// (a split store followed by a load of the same vector stalls). The contents are kept between
-// calls; a larger request replaces them.
+// (a split store followed by a load of the same vector stalls), carved from huge-page slabs
+// (core/huge_page_arena.hpp). The contents are kept between calls; a larger request replaces them.
 #pragma once
 
 #include <cstdint>
