@@ -506,8 +506,8 @@ void pool_linear_loss_cases(std::vector<OpCase>& out) {
     ops::PoolSpec spec;
     std::int64_t channels;
   };
-  // the CPU's max pool takes 32 channels at a time, then four, then single ones: 22 channels (five
-  // blocks of four, two single) and 70 (two blocks of 32, one of four, two single)
+  // the CPU's max pool takes 64 channels at a time, then 16, then four, then single ones: 22 channels
+  // (a block of 16, one of four, two single) and 70 (one of 64, one of four, two single)
   for (const PoolCase pc : {PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 3}, PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 22},
                             PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 70},
                             PoolCase{{ops::PoolKind::Max, 2, 2, 0}, 8}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 3}}) {

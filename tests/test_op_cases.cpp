@@ -102,8 +102,9 @@ TEST_CASE("conv2d with overwrite_residual adds onto the residual's storage; with
 
 TEST_CASE("max pooling passes a NaN on to every window that holds it") {
   // PyTorch's max_pool2d returns NaN for a window with a NaN in it; a max that skips NaNs would
-  // hide a broken input behind its neighbours
-  for (const std::int64_t channels : {3, 8, 22}) {
+  // hide a broken input behind its neighbours (channel counts for every block size of the loops:
+  // pooling.cpp)
+  for (const std::int64_t channels : {3, 8, 22, 70}) {
     Tensor x = Tensor::zeros({1, channels, 5, 5}, Device::CPU, Layout::ChannelsLast);
     const std::int64_t ch = channels - 1;
     for (const std::int64_t at : {std::int64_t{0}, (1 * 5 + 1) * channels + ch}) x.data()[at] = std::nanf("");

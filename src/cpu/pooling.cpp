@@ -1,8 +1,15 @@
 // Max pooling (own loops), average pooling (oneDNN) and global average pooling on the CPU,
 // channels-last.
+#include <omp.h>
+
 #include <algorithm>
 #include <limits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "cpu/cpu_features.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dnnl_util.hpp"
 #include "relpos/error.hpp"
@@ -46,7 +53,8 @@ namespace {
 // ones) takes its window's first pixel and the maximum with the others in registers and is stored
 // once. For the BoTNet stem's 3x3/2 pool (64 channels, 128x128, 2 threads of a 2-vCPU EPYC),
 // oneDNN's own took 0.76 ms, a loop that kept the maximum in memory 0.24 ms, these blocks 0.17 ms
-// (at batch 8: 2.04 and 1.52 ms).
+// (at batch 8: 2.04 and 1.52 ms). On AVX-512 the same loop in 16-float registers
+// (max_pool_rows_avx512; tools/bench/README.md has its times).
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v4_mem __attribute__((vector_size(16), aligned(4), may_alias));
 
@@ -71,10 +79,11 @@ inline void max_block(const Window& win, std::int64_t ch, float* out) {
   for (int k = 0; k < V; ++k) *reinterpret_cast<v4_mem*>(out + ch + 4 * k) = m[k];
 }
 
-void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, float* y) {
-  const std::int64_t rows = g.n * g.oh, c = g.c;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
+// The output rows [r0, r1) (image * oh + output row) in 4-float vectors.
+void max_pool_rows(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r0, std::int64_t r1,
+                   float* y) {
+  const std::int64_t c = g.c;
+  for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t b = r / g.oh, oy = r % g.oh;
     const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
     const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
@@ -96,6 +105,61 @@ void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, flo
         out[ch] = m;
       }
     }
+  }
+}
+
+#if defined(__x86_64__)
+// The same with AVX-512 (intrinsics: GCC turns a vector select of 16 floats into scalar code in a
+// function whose target alone has AVX-512): blocks of four 16-float vectors, the last ones masked.
+// A lane takes the window pixel where it is larger or NaN, as in max_block.
+__attribute__((target("avx512f"))) void max_pool_rows_avx512(const float* x, const PoolGeometry& g,
+                                                              const ops::PoolSpec& s, std::int64_t r0,
+                                                              std::int64_t r1, float* y) {
+  const std::int64_t c = g.c;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t b = r / g.oh, oy = r % g.oh;
+    const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
+    const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
+    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+      const std::int64_t x0 = std::max<std::int64_t>(0, ox * s.stride - s.pad);
+      const std::int64_t x1 = std::min<std::int64_t>(g.w, ox * s.stride - s.pad + s.kernel);
+      const float* first = x + ((b * g.h + y0) * g.w + x0) * c;
+      const std::int64_t rows = y1 - y0, cols = x1 - x0, row_stride = g.w * c;
+      float* out = y + (r * g.ow + ox) * c;
+      for (std::int64_t ch = 0; ch < c; ch += 64) {
+        __mmask16 lanes[4];
+        __m512 m[4];
+        for (int k = 0; k < 4; ++k) {
+          const std::int64_t left = c - ch - 16 * k;
+          lanes[k] = left >= 16 ? __mmask16(0xffff) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
+          m[k] = _mm512_maskz_loadu_ps(lanes[k], first + ch + 16 * k);
+        }
+        for (std::int64_t iy = 0; iy < rows; ++iy)
+          for (std::int64_t ix = iy == 0 ? 1 : 0; ix < cols; ++ix) {
+            const float* in = first + iy * row_stride + ix * c + ch;
+            for (int k = 0; k < 4; ++k) {
+              const __m512 v = _mm512_maskz_loadu_ps(lanes[k], in + 16 * k);
+              const __mmask16 take = _mm512_cmp_ps_mask(v, m[k], _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+              m[k] = _mm512_mask_mov_ps(m[k], take, v);
+            }
+          }
+        for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + ch + 16 * k, lanes[k], m[k]);
+      }
+    }
+  }
+}
+#endif
+
+void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, float* y) {
+  auto rows_of = max_pool_rows;
+#if defined(__x86_64__)
+  if (avx512_kernels()) rows_of = max_pool_rows_avx512;
+#endif
+  const std::int64_t rows = g.n * g.oh;
+#pragma omp parallel
+  {
+    const std::int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+    rows_of(x, g, s, rows * t / T, rows * (t + 1) / T, y);
   }
 }
 }  // namespace
