@@ -3,11 +3,13 @@
 // (core/caching_allocator.hpp), whose blocks under 2 MiB come from that arena.
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
 #include "core/caching_allocator.hpp"
 #include "core/huge_page_arena.hpp"
+#include "cpu/thread_buffer.hpp"
 #include "relpos/tensor.hpp"
 #include "test_util.hpp"
 
@@ -104,3 +106,23 @@ TEST_CASE("host allocator: blocks below, inside and above the arena's range work
   Tensor t = Tensor::full({300, 1000}, 2.5f);  // 1.2 MB: carved
   CHECK(t.data()[299999] == 2.5f);
 }
+
+// (AddressSanitizer reports an allocation this size as an error unless told to return null)
+#if defined(__SANITIZE_ADDRESS__)
+#define HOST_MEMORY_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HOST_MEMORY_TEST_ASAN 1
+#endif
+#endif
+#if !defined(HOST_MEMORY_TEST_ASAN)
+TEST_CASE("thread buffers: a request no memory holds throws bad_alloc and leaves the slot usable") {
+  float* p = cpu::thread_buffer(cpu::ThreadBuffer::Conv1x1Block, 1000);
+  REQUIRE(p != nullptr);
+  CHECK_THROWS_AS(cpu::thread_buffer(cpu::ThreadBuffer::Conv1x1Block, std::int64_t{1} << 60), std::bad_alloc);
+  float* q = cpu::thread_buffer(cpu::ThreadBuffer::Conv1x1Block, 500);  // smaller than the first
+  REQUIRE(q != nullptr);
+  q[499] = 3.0f;
+  CHECK(q[499] == 3.0f);
+}
+#endif

@@ -78,8 +78,10 @@ struct Scratch {
   void* get(std::size_t n) {
     if (n > bytes) {
       p.reset();
-      bytes = (n + 4095) / 4096 * 4096;
-      p = detail::arena_alloc(bytes);
+      bytes = 0;  // (until the new one is there: an allocation that throws leaves none)
+      const std::size_t want = (n + 4095) / 4096 * 4096;
+      p = detail::arena_alloc(want);
+      bytes = want;
     }
     return p.get();
   }

@@ -18,6 +18,7 @@ float* thread_buffer(ThreadBuffer slot, std::int64_t floats) {
   if (b.size < floats) {
     const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
     b.data.reset();  // (its room in the slab returns when the slab's other buffers go)
+    b.size = 0;      // (until the new one is there: an allocation that throws leaves none)
     b.data = detail::arena_array<float>(bytes / sizeof(float));
     b.size = floats;
   }
