@@ -1,9 +1,11 @@
-// Internal: host memory for buffers that live as long as a model and are read whole at every
-// inference (weights packed for a kernel). They are carved, 64-byte aligned, from slabs of 2 MiB
-// pages (transparent huge pages, asked for by madvise where the kernel offers them in "madvise"
-// mode, as Debian's default), so that streaming a network's weights costs a TLB entry per 2 MiB
-// instead of one per 4 KiB (tools/bench/README.md has the measurements). A slab is freed once
-// every buffer carved from it is: a model's buffers are made together and freed together.
+// Internal: host memory for long-lived buffers that are read whole again and again: weights packed
+// for a kernel (as long as the model), the kernels' per-thread buffers and the blocks the caching
+// host allocator keeps. They are carved, 64-byte aligned, from slabs of 2 MiB pages (transparent
+// huge pages, asked for by madvise where the kernel offers them in "madvise" mode, as Debian's
+// default), so that streaming a network's weights costs a TLB entry per 2 MiB instead of one per 4
+// KiB (tools/bench/README.md has the measurements). A slab is freed once every buffer carved from
+// it is (a model's buffers are made together and freed together); the room of a buffer freed
+// earlier is not reused, so short-lived buffers do not belong here.
 // RELPOS_HUGE_PAGES=0 in the environment turns huge pages off (here and for the host allocator's
 // large blocks): plain 64-byte aligned allocations, for measurements or a machine short of memory.
 #pragma once
