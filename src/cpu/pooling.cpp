@@ -79,18 +79,24 @@ inline void max_block(const Window& win, std::int64_t ch, float* out) {
   for (int k = 0; k < V; ++k) *reinterpret_cast<v4_mem*>(out + ch + 4 * k) = m[k];
 }
 
-// The output rows [r0, r1) (image * oh + output row) in 4-float vectors.
+// The in-bounds window of output pixel ox of output row r (image * oh + output row).
+inline Window window_at(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r,
+                        std::int64_t ox) {
+  const std::int64_t b = r / g.oh, oy = r % g.oh;
+  const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
+  const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
+  const std::int64_t x0 = std::max<std::int64_t>(0, ox * s.stride - s.pad);
+  const std::int64_t x1 = std::min<std::int64_t>(g.w, ox * s.stride - s.pad + s.kernel);
+  return {x + ((b * g.h + y0) * g.w + x0) * g.c, y1 - y0, x1 - x0, g.w * g.c, g.c};
+}
+
+// The output rows [r0, r1) in 4-float vectors.
 void max_pool_rows(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r0, std::int64_t r1,
                    float* y) {
   const std::int64_t c = g.c;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t b = r / g.oh, oy = r % g.oh;
-    const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
-    const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
+  for (std::int64_t r = r0; r < r1; ++r)
     for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-      const std::int64_t x0 = std::max<std::int64_t>(0, ox * s.stride - s.pad);
-      const std::int64_t x1 = std::min<std::int64_t>(g.w, ox * s.stride - s.pad + s.kernel);
-      const Window win{x + ((b * g.h + y0) * g.w + x0) * c, y1 - y0, x1 - x0, g.w * c, c};
+      const Window win = window_at(x, g, s, r, ox);
       float* out = y + (r * g.ow + ox) * c;
       std::int64_t ch = 0;
       for (; ch + 32 <= c; ch += 32) max_block<8>(win, ch, out);
@@ -105,7 +111,6 @@ void max_pool_rows(const float* x, const PoolGeometry& g, const ops::PoolSpec& s
         out[ch] = m;
       }
     }
-  }
 }
 
 #if defined(__x86_64__)
@@ -116,15 +121,10 @@ __attribute__((target("avx512f"))) void max_pool_rows_avx512(const float* x, con
                                                               const ops::PoolSpec& s, std::int64_t r0,
                                                               std::int64_t r1, float* y) {
   const std::int64_t c = g.c;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t b = r / g.oh, oy = r % g.oh;
-    const std::int64_t y0 = std::max<std::int64_t>(0, oy * s.stride - s.pad);
-    const std::int64_t y1 = std::min<std::int64_t>(g.h, oy * s.stride - s.pad + s.kernel);
+  for (std::int64_t r = r0; r < r1; ++r)
     for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-      const std::int64_t x0 = std::max<std::int64_t>(0, ox * s.stride - s.pad);
-      const std::int64_t x1 = std::min<std::int64_t>(g.w, ox * s.stride - s.pad + s.kernel);
-      const float* first = x + ((b * g.h + y0) * g.w + x0) * c;
-      const std::int64_t rows = y1 - y0, cols = x1 - x0, row_stride = g.w * c;
+      const Window win = window_at(x, g, s, r, ox);
+      const float* first = win.x;
       float* out = y + (r * g.ow + ox) * c;
       for (std::int64_t ch = 0; ch < c; ch += 64) {
         __mmask16 lanes[4];
@@ -134,9 +134,9 @@ __attribute__((target("avx512f"))) void max_pool_rows_avx512(const float* x, con
           lanes[k] = left >= 16 ? __mmask16(0xffff) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
           m[k] = _mm512_maskz_loadu_ps(lanes[k], first + ch + 16 * k);
         }
-        for (std::int64_t iy = 0; iy < rows; ++iy)
-          for (std::int64_t ix = iy == 0 ? 1 : 0; ix < cols; ++ix) {
-            const float* in = first + iy * row_stride + ix * c + ch;
+        for (std::int64_t iy = 0; iy < win.rows; ++iy)
+          for (std::int64_t ix = iy == 0 ? 1 : 0; ix < win.cols; ++ix) {
+            const float* in = first + iy * win.row_stride + ix * c + ch;
             for (int k = 0; k < 4; ++k) {
               const __m512 v = _mm512_maskz_loadu_ps(lanes[k], in + 16 * k);
               const __mmask16 take = _mm512_cmp_ps_mask(v, m[k], _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -146,7 +146,6 @@ __attribute__((target("avx512f"))) void max_pool_rows_avx512(const float* x, con
         for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + ch + 16 * k, lanes[k], m[k]);
       }
     }
-  }
 }
 #endif
 
