@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/huge_page_arena.hpp"
+#include "cpu/thread_buffer.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::cpu {
@@ -71,29 +72,12 @@ dnnl::memory arena_memory(const dnnl::memory::desc& md, std::shared_ptr<void>& h
   return dnnl::memory(md, engine(), hold.get());
 }
 
-namespace {
-struct Scratch {
-  std::shared_ptr<void> p;  // huge-page arena memory (core/huge_page_arena.hpp)
-  std::size_t bytes = 0;
-  void* get(std::size_t n) {
-    if (n > bytes) {
-      p.reset();
-      bytes = 0;  // (until the new one is there: an allocation that throws leaves none)
-      const std::size_t want = (n + 4095) / 4096 * 4096;
-      p = detail::arena_alloc(want);
-      bytes = want;
-    }
-    return p.get();
-  }
-};
-}  // namespace
-
 void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_md,
              std::unordered_map<int, dnnl::memory> args) {
   const std::size_t need = scratchpad_md.get_size();
   if (need > 0) {
-    thread_local Scratch scratch;
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad_md, engine(), scratch.get(need)));
+    float* scratch = thread_buffer(ThreadBuffer::DnnlScratchpad, static_cast<std::int64_t>((need + 3) / 4));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad_md, engine(), scratch));
   }
   prim.execute(stream(), args);
   stream().wait();
