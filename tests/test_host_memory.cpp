@@ -2,6 +2,7 @@
 // (core/huge_page_arena.hpp), and the caching host allocator that tensors come from
 // (core/caching_allocator.hpp), whose blocks under 2 MiB come from that arena.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -31,6 +32,12 @@ void check_disjoint(const std::vector<std::shared_ptr<void>>& bufs, const std::v
 }
 
 }  // namespace
+
+TEST_CASE("RELPOS_HUGE_PAGES=0 turns huge pages off; unset or anything else leaves them on") {
+  // (ctest runs this file with and without it: test_host_memory_no_huge_pages)
+  const char* env = std::getenv("RELPOS_HUGE_PAGES");
+  CHECK(detail::huge_pages_wanted() == !(env && std::strcmp(env, "0") == 0));
+}
 
 TEST_CASE("arena: buffers of any size are 64-byte aligned, disjoint and usable") {
   // sizes around the slab's limits: tiny, odd, just under and over half a slab (4 MiB), a large one
