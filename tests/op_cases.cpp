@@ -507,10 +507,12 @@ void pool_linear_loss_cases(std::vector<OpCase>& out) {
     std::int64_t channels;
   };
   // the CPU's max pool takes 64 channels at a time, then 16, then four, then single ones: 22 channels
-  // (a block of 16, one of four, two single) and 70 (one of 64, one of four, two single)
+  // (a block of 16, one of four, two single) and 70 (one of 64, one of four, two single); the
+  // average pool's windows at the edges count only their in-bounds pixels (3/2 pad 1)
   for (const PoolCase pc : {PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 3}, PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 22},
                             PoolCase{{ops::PoolKind::Max, 3, 2, 1}, 70},
-                            PoolCase{{ops::PoolKind::Max, 2, 2, 0}, 8}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 3}}) {
+                            PoolCase{{ops::PoolKind::Max, 2, 2, 0}, 8}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 3},
+                            PoolCase{{ops::PoolKind::Avg, 3, 2, 1}, 22}, PoolCase{{ops::PoolKind::Avg, 2, 2, 0}, 70}}) {
     const ops::PoolSpec sp = pc.spec;
     OpCase c;
     c.covers = {"pool2d", "pool2d_backward"};

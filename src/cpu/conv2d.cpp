@@ -10,7 +10,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <string>
 
 #include "cpu/conv1x1_grads.hpp"
@@ -181,6 +180,10 @@ void add_act(dnnl::post_ops& po, Act act) {
 struct ConvPlan {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward prim;
+  // The activations' nhwc descriptions, whether pd takes them as they are, and pd's scratchpad:
+  // made once, as querying and comparing descriptions on every call costs microseconds
+  dnnl::memory::desc src_nhwc, dst_nhwc, scratchpad;
+  bool src_as_is = false, dst_as_is = false;
   dnnl::memory weights;  // in the layout pd wants
   bool has_bias = false;
   dnnl::memory bias;
@@ -216,6 +219,11 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, cons
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
   }
   plan->prim = dnnl::convolution_forward(plan->pd);
+  plan->src_nhwc = md_nhwc({g.n, g.c, g.h, g.w});
+  plan->dst_nhwc = md_nhwc({g.n, g.o, g.oh, g.ow});
+  plan->src_as_is = plan->pd.src_desc() == plan->src_nhwc;
+  plan->dst_as_is = plan->pd.dst_desc() == plan->dst_nhwc;
+  plan->scratchpad = plan->pd.scratchpad_desc();
   auto wplain = mem(weights_md(g, tag::oihw), w);
   if (plan->pd.weights_desc() == wplain.get_desc()) {
     plan->weights = arena_memory(wplain.get_desc(), plan->held);
@@ -228,11 +236,13 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Tensor& w, cons
   return plan;
 }
 
+// The plan cache's key: the folded geometry, the spec, the epilogue and the thread count, as raw
+// bytes after a "conv:" prefix (built on every call: an ostringstream there cost about 8 us a
+// convolution in the network, its code and locale cold after each convolution's kernels).
 std::string plan_key(const ConvGeometry& g, const ops::ConvSpec& s, const ops::Epilogue& ep, bool bias) {
-  std::ostringstream os;
-  os << "conv:" << omp_get_max_threads() << ":" << g.n << ',' << g.c << ',' << g.h << ',' << g.w << ':' << s.stride << ',' << s.pad
-     << ',' << s.groups << ':' << (ep.residual != nullptr) << static_cast<int>(ep.act) << bias;
-  return os.str();
+  const std::int64_t v[] = {omp_get_max_threads(), g.n, g.c, g.h, g.w, s.stride, s.pad, s.groups,
+                            ep.residual != nullptr, static_cast<std::int64_t>(ep.act), bias};
+  return std::string("conv:") + std::string(reinterpret_cast<const char*>(v), sizeof v);
 }
 
 // A 1x1 convolution without padding over channels-last images is a product of (pixels x C) and
@@ -323,14 +333,15 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor* bias, const ops
     plan = make_plan(gd, w, bias, spec, ep, dnnl::prop_kind::forward_training);
   }
   Tensor y = output_for({g.n, g.o, g.oh, g.ow}, ep, "conv2d");
-  const dnnl::memory y_mem = mem(md_nhwc({gd.n, gd.o, gd.oh, gd.ow}), y);
+  const dnnl::memory y_mem = mem(plan->dst_nhwc, y);
   Tensor x_hold, y_hold;
-  const dnnl::memory src = in_layout(mem(md_nhwc({gd.n, gd.c, gd.h, gd.w}), x), plan->pd.src_desc(), x_hold, true);
-  const dnnl::memory dst = in_layout(y_mem, plan->pd.dst_desc(), y_hold, false);
+  const dnnl::memory x_mem = mem(plan->src_nhwc, x);
+  const dnnl::memory src = plan->src_as_is ? x_mem : in_layout(x_mem, plan->pd.src_desc(), x_hold, true);
+  const dnnl::memory dst = plan->dst_as_is ? y_mem : in_layout(y_mem, plan->pd.dst_desc(), y_hold, false);
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, plan->weights}, {DNNL_ARG_DST, dst}};
   if (plan->has_bias) args.emplace(DNNL_ARG_BIAS, plan->bias);
-  execute(plan->prim, plan->pd.scratchpad_desc(), std::move(args));
+  execute(plan->prim, plan->scratchpad, std::move(args));
   write_back(dst, y_mem);
   return y;
 }

@@ -164,6 +164,7 @@ struct HeadRows {
 struct HeadMatmul {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
+  dnnl::memory::desc src_md, dst_md, scratchpad;  // pd's, queried once (not for every task)
   std::shared_ptr<HeadRows> rows;
   bool brgemm = false;
 };
@@ -216,6 +217,9 @@ std::shared_ptr<HeadMatmul> head_matmul(const float* w, const SasaGeometry& g, s
   plan->brgemm = is_brgemm(plan->pd);
   if (plan->brgemm) {
     plan->prim = dnnl::matmul(plan->pd);
+    plan->src_md = plan->pd.src_desc();
+    plan->dst_md = plan->pd.dst_desc();
+    plan->scratchpad = plan->pd.scratchpad_desc();
     // the packed rows, shared by the plans of every M that packs them the same way
     const std::string rkey = "sasa_head_rows:" + shape;
     plan->rows = cache ? std::static_pointer_cast<HeadRows>(cache->find(rkey)) : nullptr;
@@ -304,10 +308,10 @@ bool attend_by_head(const Tensor& x, const float* w, const SasaGeometry& g, cons
       const int h = static_cast<int>(t % g.heads);
       const float* px = x.data() + i0 * HW * Cin;
       const Clock::time_point t0 = ms ? Clock::now() : Clock::time_point{};
-      execute(plan->prim, plan->pd.scratchpad_desc(),
-              {{DNNL_ARG_SRC, dnnl::memory(plan->pd.src_desc(), engine(), const_cast<float*>(px))},
+      execute(plan->prim, plan->scratchpad,
+              {{DNNL_ARG_SRC, dnnl::memory(plan->src_md, engine(), const_cast<float*>(px))},
                {DNNL_ARG_WEIGHTS, plan->rows->packed[static_cast<std::size_t>(h)]},
-               {DNNL_ARG_DST, dnnl::memory(plan->pd.dst_desc(), engine(), qkv)}});
+               {DNNL_ARG_DST, dnnl::memory(plan->dst_md, engine(), qkv)}});
       kern.spread_row(flat, qkv, hc, 0, hc, planes + front, 0, false);
       const Clock::time_point t1 = ms ? Clock::now() : Clock::time_point{};
       for (std::int64_t i = 0; i < m; ++i) {
