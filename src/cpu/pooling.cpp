@@ -90,27 +90,45 @@ inline Window window_at(const float* x, const PoolGeometry& g, const ops::PoolSp
   return {x + ((b * g.h + y0) * g.w + x0) * g.c, y1 - y0, x1 - x0, g.w * g.c, g.c};
 }
 
+// f(window, out) for each output pixel of the output rows [r0, r1): its in-bounds window and where
+// its channels go.
+template <class F>
+inline void for_each_window(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r0,
+                            std::int64_t r1, float* y, F&& f) {
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (std::int64_t ox = 0; ox < g.ow; ++ox) f(window_at(x, g, s, r, ox), y + (r * g.ow + ox) * g.c);
+}
+
+// rows(r0, r1) over the batch's output rows, split evenly between the threads (on one thread below
+// `serial_below` output values).
+template <class Rows>
+inline void split_rows(const PoolGeometry& g, std::int64_t serial_below, const Rows& rows) {
+  const std::int64_t all = g.n * g.oh;
+#pragma omp parallel if (all * g.ow * g.c >= serial_below)
+  {
+    const std::int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+    rows(all * t / T, all * (t + 1) / T);
+  }
+}
+
 // The output rows [r0, r1) in 4-float vectors.
 void max_pool_rows(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r0, std::int64_t r1,
                    float* y) {
   const std::int64_t c = g.c;
-  for (std::int64_t r = r0; r < r1; ++r)
-    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-      const Window win = window_at(x, g, s, r, ox);
-      float* out = y + (r * g.ow + ox) * c;
-      std::int64_t ch = 0;
-      for (; ch + 32 <= c; ch += 32) max_block<8>(win, ch, out);
-      for (; ch + 4 <= c; ch += 4) max_block<1>(win, ch, out);
-      for (; ch < c; ++ch) {
-        float m = win.x[ch];
-        for (std::int64_t iy = 0; iy < win.rows; ++iy)
-          for (std::int64_t ix = iy == 0 ? 1 : 0; ix < win.cols; ++ix) {
-            const float v = win.x[iy * win.row_stride + ix * c + ch];
-            if (v > m || v != v) m = v;
-          }
-        out[ch] = m;
-      }
+  for_each_window(x, g, s, r0, r1, y, [c](const Window& win, float* out) {
+    std::int64_t ch = 0;
+    for (; ch + 32 <= c; ch += 32) max_block<8>(win, ch, out);
+    for (; ch + 4 <= c; ch += 4) max_block<1>(win, ch, out);
+    for (; ch < c; ++ch) {
+      float m = win.x[ch];
+      for (std::int64_t iy = 0; iy < win.rows; ++iy)
+        for (std::int64_t ix = iy == 0 ? 1 : 0; ix < win.cols; ++ix) {
+          const float v = win.x[iy * win.row_stride + ix * c + ch];
+          if (v > m || v != v) m = v;
+        }
+      out[ch] = m;
     }
+  });
 }
 
 #if defined(__x86_64__)
@@ -154,12 +172,7 @@ void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, flo
 #if defined(__x86_64__)
   if (avx512_kernels()) rows_of = max_pool_rows_avx512;
 #endif
-  const std::int64_t rows = g.n * g.oh;
-#pragma omp parallel
-  {
-    const std::int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
-    rows_of(x, g, s, rows * t / T, rows * (t + 1) / T, y);
-  }
+  split_rows(g, 0, [&](std::int64_t r0, std::int64_t r1) { rows_of(x, g, s, r0, r1, y); });
 }
 // Average pooling, channels-last: each output pixel's channels are the mean of its window's
 // in-bounds pixels (padding excluded from the count, as PyTorch's count_include_pad=False and
@@ -169,30 +182,22 @@ void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, flo
 void avg_pool_rows(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, std::int64_t r0, std::int64_t r1,
                    float* y) {
   const std::int64_t c = g.c;
-  for (std::int64_t r = r0; r < r1; ++r)
-    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-      const Window win = window_at(x, g, s, r, ox);
-      float* out = y + (r * g.ow + ox) * c;
-      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = win.x[ch];
-      for (std::int64_t iy = 0; iy < win.rows; ++iy)
-        for (std::int64_t ix = iy == 0 ? 1 : 0; ix < win.cols; ++ix) {
-          const float* in = win.x + iy * win.row_stride + ix * c;
+  for_each_window(x, g, s, r0, r1, y, [c](const Window& win, float* out) {
+    for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = win.x[ch];
+    for (std::int64_t iy = 0; iy < win.rows; ++iy)
+      for (std::int64_t ix = iy == 0 ? 1 : 0; ix < win.cols; ++ix) {
+        const float* in = win.x + iy * win.row_stride + ix * c;
 #pragma omp simd
-          for (std::int64_t ch = 0; ch < c; ++ch) out[ch] += in[ch];
-        }
-      const float count = static_cast<float>(win.rows * win.cols);
+        for (std::int64_t ch = 0; ch < c; ++ch) out[ch] += in[ch];
+      }
+    const float count = static_cast<float>(win.rows * win.cols);
 #pragma omp simd
-      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] /= count;
-    }
+    for (std::int64_t ch = 0; ch < c; ++ch) out[ch] /= count;
+  });
 }
 
 void avg_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, float* y) {
-  const std::int64_t rows = g.n * g.oh;
-#pragma omp parallel if (rows * g.ow * g.c >= (1 << 13))
-  {
-    const std::int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
-    avg_pool_rows(x, g, s, rows * t / T, rows * (t + 1) / T, y);
-  }
+  split_rows(g, 1 << 13, [&](std::int64_t r0, std::int64_t r1) { avg_pool_rows(x, g, s, r0, r1, y); });
 }
 }  // namespace
 
