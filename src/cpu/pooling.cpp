@@ -1,5 +1,5 @@
-// Max pooling (own loops), average pooling (oneDNN) and global average pooling on the CPU,
-// channels-last.
+// Max and average pooling (own loops; the average pool's gradient and the int8 max pool by oneDNN)
+// and global average pooling on the CPU, channels-last.
 #include <omp.h>
 
 #include <algorithm>
@@ -174,6 +174,7 @@ void max_pool(const float* x, const PoolGeometry& g, const ops::PoolSpec& s, flo
 #endif
   split_rows(g, 0, [&](std::int64_t r0, std::int64_t r1) { rows_of(x, g, s, r0, r1, y); });
 }
+
 // Average pooling, channels-last: each output pixel's channels are the mean of its window's
 // in-bounds pixels (padding excluded from the count, as PyTorch's count_include_pad=False and
 // oneDNN's pooling_avg_exclude_padding), summed in window order. Output rows are the unit of
