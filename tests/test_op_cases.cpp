@@ -122,6 +122,21 @@ TEST_CASE("max pooling passes a NaN on to every window that holds it") {
   }
 }
 
+TEST_CASE("inference batch norm with ReLU passes a NaN on, as PyTorch's does") {
+  // src/cpu/batchnorm.cpp: a ReLU written as max(v, 0) with an ordered compare would turn the NaN
+  // into 0 and hide a broken input; 40 channels and 1024 pixels take the threaded loop
+  const std::int64_t C = 40;
+  Tensor x = Tensor::zeros({1, C, 32, 32}, Device::CPU, Layout::ChannelsLast);
+  x.data()[(5 * 32 + 7) * C + 3] = std::nanf("");
+  const Tensor ones = Tensor::from_vector({C}, std::vector<float>(static_cast<std::size_t>(C), 1.0f));
+  const Tensor zeros = Tensor::zeros({C});
+  const Tensor y = ops::batchnorm_infer(x, ones, zeros, zeros, ones, 1e-5f, Act::ReLU).channels_last();
+  std::int64_t nans = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) nans += std::isnan(y.data()[i]) ? 1 : 0;
+  CHECK(nans == 1);
+  CHECK(std::isnan(y.data()[(5 * 32 + 7) * C + 3]));
+}
+
 TEST_CASE("an RGB stem's 3x3 convolution passes a NaN pixel on") {
   // On AVX2 these run through src/cpu/conv2d_narrow_input.hpp, which keeps a NaN through the ReLU
   // (as PyTorch does); oneDNN's ReLU, which runs them elsewhere, makes it 0, so the ReLU is checked
