@@ -9,7 +9,8 @@ exports it to ONNX (opset 17; by default one export per batch size with a fixed 
 dynamic batch with --dynamic-batch). Then, per batch size, times in alternating rounds
 `relpos bench`, the PyTorch model (eager), ONNX Runtime (fp32, intra-op threads = --threads, inter-op
 1, sequential, all graph optimizations) and OpenVINO (fp32, CPU, INFERENCE_NUM_THREADS = --threads,
-LATENCY hint, f32 precision hint) on the same batch, prints img/s of each and relpos's ratios, and
+LATENCY hint, f32 precision hint) on the same batch, prints img/s of each (the median over the rounds
+of each round's median run) and relpos's ratios, and
 checks that every engine's logits agree with PyTorch's (docs/attention.md: 1e-4 * max(1, max|ref|)).
 With more than one model, relpos's throughput per multiply-add of each against the first is then
 measured by `relpos bench --paired-with`: the two models in turn, one inference each per pair, and
@@ -198,25 +199,32 @@ def bench_model(a, name, engines, tmp):
         for e, fn in runners.items():  # checks before timing; torch is the reference itself
             if e != "torch":
                 logits[e] = torch.as_tensor(fn()).clone()
+        # Every engine is summarised the same way: each round's median run time, then the median of
+        # the rounds' medians, so that every round counts once. (Pooling a Python engine's runs over
+        # the rounds would count a fast round more, as more runs fit into its seconds, while relpos
+        # reports one median per round.)
         ms = {e: [] for e in engines if e in logits or e in runners}
         for rnd in range(a.rounds):
-            this = {}  # this round's run times
             for e in ms:
                 if e == "relpos":
                     r = time_relpos(a.relpos, weights, config, inp, a.threads, a.seconds, out)
-                    this[e] = [r["median_ms"]]  # relpos reports the median of its runs
+                    ms[e].append(r["median_ms"])  # relpos reports the median of its runs
                 else:
-                    this[e] = [1000 * t for t in time_loop(runners[e], a.seconds, warmup=3 if rnd == 0 else 1)]
-                ms[e] += this[e]
+                    runs = time_loop(runners[e], a.seconds, warmup=3 if rnd == 0 else 1)
+                    ms[e].append(1000 * statistics.median(runs))
+            this = {e: batch * 1000 / v[-1] for e, v in ms.items()}
+            onnx = {e: this[e] for e in ONNX_ENGINES if e in this}
+            versus = (f"; relpos / best ONNX {fmt_ratio(this['relpos'], max(onnx.values()))}"
+                      if onnx and "relpos" in this else "")
             print(f"  {name} batch {batch} round {rnd + 1}/{a.rounds}: " +
-                  ", ".join(f"{e} {batch * 1000 / statistics.median(v):.2f}" for e, v in this.items()) +
-                  f" img/s (load average {os.getloadavg()[0]:.1f})",
+                  ", ".join(f"{e} {v:.2f}" for e, v in this.items()) +
+                  f" img/s{versus} (load average {os.getloadavg()[0]:.1f})",
                   flush=True)
         if "relpos" in logits:
             logits["relpos"] = load_file(out)["logits"]
         tol = 1e-4 * max(1.0, ref.abs().max().item())
         diffs = {e: (v.float() - ref).abs().max().item() for e, v in logits.items()}
-        ips = {e: batch * 1000 / statistics.median(v) for e, v in ms.items()}
+        ips = {e: batch * 1000 / statistics.median(v) for e, v in ms.items()}  # v: the rounds' medians
         rows.append((batch, ips, diffs, tol))
         del runners
     return what, rows, weights, (H, W)
@@ -289,7 +297,8 @@ def fmt_ratio(num, den):
 def print_table(name, what, rows, engines, a):
     """img/s per engine and batch, relpos's ratios, then each engine's logits max|diff| against the
     PyTorch reference; returns whether all agree."""
-    print(f"\n{name} inference, fp32, {a.threads} threads, {a.rounds} rounds x {a.seconds:g} s per engine; "
+    print(f"\n{name} inference, fp32, {a.threads} threads, {a.rounds} rounds x {a.seconds:g} s per engine "
+          f"(img/s of the median of the rounds' median runs); "
           f"reference: {what}; ONNX opset 17, {'dynamic' if a.dynamic_batch else 'fixed'} batch")
     cols = [e for e in engines if any(e in r[1] for r in rows)]
     w = 13
