@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.hpp"
+#include "io/base64.hpp"
 #include "relpos/error.hpp"
 #include "relpos/optim.hpp"
 #include "train/checkpoint.hpp"
@@ -76,7 +77,7 @@ TEST_CASE("JSON weights round-trip bit for bit, base64 and plain numbers") {
   }
 }
 
-TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse them") {
+TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse them; loading refuses them") {
   test::TempDir dir;
   Model m = tiny_model();
   const ParamRef* b = m.network().find("head.fc.bias");
@@ -85,9 +86,29 @@ TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse the
   v[1] = -std::numeric_limits<float>::infinity();
   b->value->copy_from(Tensor::from_vector({10}, v));
   m.save_json(dir.file("nan.json"));
-  check_bit_exact(m, Model::load(dir.file("nan.json")));
+  // the file holds the bits (the host is little-endian, as the format)
+  const std::vector<unsigned char> bytes =
+      detail::base64_decode(read_json(dir.file("nan.json"))["tensors"]["head.fc.bias"]["data"].get<std::string>());
+  REQUIRE(bytes.size() == sizeof(float) * 10);
+  CHECK(std::memcmp(bytes.data(), v.data(), bytes.size()) == 0);
   CHECK_THROWS_WITH_AS(m.save_json(dir.file("nan2.json"), TensorEncoding::Numbers),
                        doctest::Contains("head.fc.bias"), Error);
+  // A network with a NaN weight still answers (ReLU and max pool turn NaN into numbers), so a file
+  // holding one is refused by name, in either format, and so is an infinity.
+  m.save_safetensors(dir.file("nan.safetensors"));
+  for (const char* name : {"nan.json", "nan.safetensors"}) {
+    const std::string expected = std::string(name) + ": tensor 'head.fc.bias' holds nan (element 0 of 10)";
+    CHECK_THROWS_WITH_AS(Model::load(dir.file(name)), doctest::Contains(expected.c_str()), Error);
+  }
+  v[0] = 1.0f;
+  b->value->copy_from(Tensor::from_vector({10}, v));
+  m.save_safetensors(dir.file("inf.safetensors"));
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("inf.safetensors")),
+                       doctest::Contains("tensor 'head.fc.bias' holds -inf (element 1 of 10)"), Error);
+  v[1] = 1.0f;
+  b->value->copy_from(Tensor::from_vector({10}, v));
+  m.save_safetensors(dir.file("fine.safetensors"));
+  check_bit_exact(m, Model::load(dir.file("fine.safetensors")));
 }
 
 TEST_CASE("safetensors round-trip bit for bit and carry config, labels and preprocessing") {

@@ -391,6 +391,17 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
   for (const auto& [name, t] : given)
     RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
                                            << net.config().name << ")");
+  // A NaN or an infinity in a float tensor is a corrupt file or a diverged run: the network would
+  // answer anyway (ReLU and max pool turn NaN into numbers), so it is refused here, by name.
+  for (const ParamRef& p : net.params()) {
+    if (p.int8) continue;
+    const Tensor& t = *given.at(p.name);
+    const float* v = t.data();
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      RELPOS_CHECK(std::isfinite(v[i]), source << ": tensor '" << p.name << "' holds " << v[i] << " (element " << i
+                                               << " of " << t.numel()
+                                               << "); weights must be finite (a damaged file, or a run that diverged?)");
+  }
   for (const ParamRef& p : net.params()) {
     if (!p.int8) continue;
     const Tensor& t = *given.at(p.name);
