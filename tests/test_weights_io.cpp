@@ -93,7 +93,7 @@ TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse the
   CHECK(std::memcmp(bytes.data(), v.data(), bytes.size()) == 0);
   CHECK_THROWS_WITH_AS(m.save_json(dir.file("nan2.json"), TensorEncoding::Numbers),
                        doctest::Contains("head.fc.bias"), Error);
-  // A network with a NaN weight still answers (ReLU and max pool turn NaN into numbers), so a file
+  // A network with a NaN weight still answers (the convolutions' fused ReLU turns NaN into 0), so a file
   // holding one is refused by name, in either format, and so is an infinity.
   m.save_safetensors(dir.file("nan.safetensors"));
   for (const char* name : {"nan.json", "nan.safetensors"}) {

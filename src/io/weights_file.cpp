@@ -392,7 +392,7 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
     RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
                                            << net.config().name << ")");
   // A NaN or an infinity in a float tensor is a corrupt file or a diverged run: the network would
-  // answer anyway (ReLU and max pool turn NaN into numbers), so it is refused here, by name.
+  // answer anyway (the convolutions' fused ReLU turns NaN into 0), so it is refused here, by name.
   for (const ParamRef& p : net.params()) {
     if (p.int8) continue;
     const Tensor& t = *given.at(p.name);
