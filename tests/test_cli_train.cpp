@@ -138,3 +138,30 @@ TEST_CASE("train: numbers as typed, output paths checked before any work, --save
   CHECK(fs::exists(d.file("saved.json")));
   CHECK(slurp(d.file("log4")).find("saved " + d.file("saved.json")) != std::string::npos);
 }
+
+TEST_CASE("a new relpos train refuses a folder that holds an earlier run's results, unless --overwrite") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);
+  const std::string out = d.path + "/run";
+  REQUIRE(sh(train_cmd(d, out, 1) + " --max-steps 1 -q > /dev/null 2>&1") == 0);
+  const std::string before = slurp(out + "/checkpoint.safetensors");
+  REQUIRE(!before.empty());
+  // a second run into the same folder stops before any work, naming the file and the ways on
+  CHECK(sh(train_cmd(d, out, 2) + " --max-steps 1 -q > " + d.file("log") + " 2>&1") == 1);
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find(out + "/checkpoint.safetensors: the output folder holds an earlier run's results") != std::string::npos);
+  CHECK(log.find("--resume " + out + "/checkpoint.safetensors") != std::string::npos);
+  CHECK(log.find("--overwrite") != std::string::npos);
+  CHECK(slurp(out + "/checkpoint.safetensors") == before);
+  // a folder with only an earlier model.json (or log.csv) is refused too
+  fs::create_directories(d.path + "/other");
+  std::ofstream(d.path + "/other/log.csv") << "epoch\n";
+  CHECK(sh(train_cmd(d, d.path + "/other", 1) + " --max-steps 1 -q > " + d.file("log2") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log2")).find("/other/log.csv: the output folder holds an earlier run's results") !=
+        std::string::npos);
+  // --overwrite replaces them; --resume with --overwrite is a usage error (a resumed run writes its own folder)
+  CHECK(sh(train_cmd(d, out, 2) + " --max-steps 1 --overwrite -q > /dev/null 2>&1") == 0);
+  CHECK(slurp(out + "/checkpoint.safetensors") != before);
+  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --overwrite -q > /dev/null 2>&1") == 2);
+}

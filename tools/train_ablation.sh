@@ -11,6 +11,10 @@ tools/setup.sh >/dev/null
 configs=(fmnist_botnet fmnist_botnet_abs fmnist_botnet_nopos fmnist_conv)
 for cfg in "${configs[@]}"; do
   [ -f "$out/$cfg/model.json" ] && continue
+  if [ -f "$out/$cfg/checkpoint.safetensors" ]; then  # a stopped run goes on where it stood
+    build/relpos train --resume "$out/$cfg/checkpoint.safetensors" -q
+    continue
+  fi
   build/relpos train --config "models/$cfg.json" --data fashion-mnist --epochs 20 --batch 128 --lr 0.1 --wd 5e-4 \
     --erase 0.5 --seed 0 --out "$out/$cfg" -q
 done

@@ -73,7 +73,7 @@ for step in "$@"; do
         timeout 60 /tmp/relpos eval -m models/botnet-fmnist.json --data fashion-mnist --device cuda
         echo "== train on the GPU (README recipe)"
         time timeout "${TRAIN_SECONDS:-300}" /tmp/relpos train --config models/fmnist_botnet.json --data fashion-mnist \
-          --epochs "${TRAIN_EPOCHS:-20}" --batch 128 --lr 0.1 --wd 5e-4 --erase 0.5 --seed 0 --device cuda --out /tmp/run
+          --epochs "${TRAIN_EPOCHS:-20}" --batch 128 --lr 0.1 --wd 5e-4 --erase 0.5 --seed 0 --device cuda --out /tmp/run --overwrite
         cp /tmp/run/log.csv "$OUT/train_log.csv" 2>/dev/null
       } 2>&1 | tee "$OUT/train.txt" | tail -30 ;;
     *) echo "unknown step $step" ;;
