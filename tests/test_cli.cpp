@@ -97,7 +97,7 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   std::ofstream(dir.file("labels.txt")) << "one\ntwo\n";
   r = run("classify --model " + tiny() + " --labels " + dir.file("labels.txt") + " " + samples());
   CHECK(r.status == 1);
-  CHECK(r.out.find("2 labels for a model with 10 classes") != std::string::npos);
+  CHECK(r.out.find(dir.file("labels.txt") + ": 2 labels for a model with 10 classes") != std::string::npos);
   r = run("classify --model " + tiny() + " --width 50 " + samples());
   CHECK(r.status != 0);
   CHECK(r.out.find("takes 96x64 input") != std::string::npos);

@@ -111,6 +111,33 @@ TEST_CASE("base64 keeps NaN and infinities bit for bit; plain numbers refuse the
   check_bit_exact(m, Model::load(dir.file("fine.safetensors")));
 }
 
+TEST_CASE("labels or preprocessing that do not fit the network are errors naming the file") {
+  test::TempDir dir;
+  const json base = read_json(test::source_dir() + "/models/botnet-fmnist.json");  // GRAY input, 10 classes
+  json three = base;
+  three["preprocess"]["mean"] = {0.1, 0.2, 0.3};  // only the first would reach the one channel
+  write_text(dir.file("mean3.json"), three.dump());
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("mean3.json")),
+                       doctest::Contains("mean3.json: preprocess: key 'mean' has 3 values, but the input is one "
+                                         "channel (GRAY): give 1"),
+                       Error);
+  json labels = base;
+  labels["labels"] = {"a", "b"};
+  write_text(dir.file("labels2.json"), labels.dump());
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("labels2.json")),
+                       doctest::Contains("labels2.json: 2 labels for a model with 10 classes"), Error);
+  json rgb = base;
+  rgb["preprocess"]["channels"] = "RGB";
+  write_text(dir.file("rgb.json"), rgb.dump());
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("rgb.json")),
+                       doctest::Contains("rgb.json: preprocessing gives 3-channel input (RGB) but botnet-fmnist takes 1"),
+                       Error);
+  json one = base;  // one value for the one channel loads
+  one["preprocess"]["mean"] = {0.25};
+  write_text(dir.file("mean1.json"), one.dump());
+  CHECK(Model::load(dir.file("mean1.json")).preprocess().mean[0] == 0.25f);
+}
+
 TEST_CASE("safetensors round-trip bit for bit and carry config, labels and preprocessing") {
   test::TempDir dir;
   Model m = tiny_model(3);

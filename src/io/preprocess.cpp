@@ -29,10 +29,15 @@ constexpr EnumName<Interpolation> kInterpolations[] = {
     {Interpolation::Box, "area"},        {Interpolation::Bilinear, "linear"},   {Interpolation::Bicubic, "cubic"}};
 constexpr EnumName<Tta> kTtas[] = {{Tta::None, "none"}, {Tta::HFlip, "hflip"}};
 
-// "mean" or "std": 1 value for every channel, or 3.
-std::array<float, 3> per_channel(detail::JsonReader& r, const std::string& k, const std::array<float, 3>& base) {
+// "mean" or "std": 1 value for every channel, or 3 (of RGB or BGR input; one-channel input takes 1,
+// which the other two values would silently not reach).
+std::array<float, 3> per_channel(detail::JsonReader& r, const std::string& k, const std::array<float, 3>& base,
+                                 ChannelOrder channels) {
+  const bool given = r.has(k);
   const auto v = r.get<std::vector<float>>(k, {base.begin(), base.end()});
   RELPOS_CHECK(v.size() == 1 || v.size() == 3, r.at(k) << " needs 1 or 3 values, got " << v.size());
+  RELPOS_CHECK(!given || v.size() == 1 || channels != ChannelOrder::Gray,
+               r.at(k) << " has 3 values, but the input is one channel (GRAY): give 1");
   std::array<float, 3> out{};
   for (std::size_t c = 0; c < 3; ++c) out[c] = v[v.size() == 1 ? 0 : c];
   return out;
@@ -61,8 +66,8 @@ Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base
     p.width = r.check_int("input_size[1]", size[1], 1, 16384);
   }
   p.channels = r.enum_in("channels", p.channels, kChannelOrders);
-  p.mean = per_channel(r, "mean", p.mean);
-  p.std = per_channel(r, "std", p.std);
+  p.mean = per_channel(r, "mean", p.mean, p.channels);
+  p.std = per_channel(r, "std", p.std, p.channels);
   p.scale = r.get("scale", p.scale);
   p.crop = r.get("crop", p.crop);
   p.crop_pct = r.num_in("crop_pct", p.crop_pct, 0.0, 1.0);

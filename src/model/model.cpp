@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "core/runtime_internal.hpp"
@@ -127,15 +128,25 @@ Model Model::load(const std::string& path, const LoadOptions& options) {
   }
   detail::assign_tensors(net, fc.tensors, path, &fc.int8_tensors);
   const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
-  Model m(std::move(net), std::move(fc.labels), pre);
-  m.to(options.device);
-  return m;
+  std::optional<Model> m;
+  try {  // labels or preprocessing that do not fit the network: the file is named
+    m.emplace(std::move(net), std::move(fc.labels), pre);
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+  m->to(options.device);
+  return std::move(*m);
 }
 
 Model Model::create(const std::string& config, std::uint32_t seed) {
   detail::ModelFile fc = detail::read_config_file(config);
   const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
-  return Model(Network(fc.config, seed), std::move(fc.labels), pre);
+  Network net(fc.config, seed);
+  try {  // labels or preprocessing that do not fit the network: the file is named
+    return Model(std::move(net), std::move(fc.labels), pre);
+  } catch (const Error& e) {
+    RELPOS_FAIL(config << ": " << e.what());
+  }
 }
 
 Model Model::open(const std::string& path_or_name, const LoadOptions& options) {

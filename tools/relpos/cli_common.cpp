@@ -163,7 +163,13 @@ void PreprocessOptions::apply(Model& model) const {
   if (interpolation) p.interpolation = parse_interpolation(*interpolation);
   if (tta) p.tta = parse_tta(*tta);
   model.set_preprocess(p);
-  if (!labels.empty()) model.set_labels(read_labels(labels));
+  if (!labels.empty()) {
+    try {
+      model.set_labels(read_labels(labels));
+    } catch (const Error& e) {
+      RELPOS_FAIL(labels << ": " << e.what());
+    }
+  }
 }
 
 // The shortest decimal that reads back as the same float.
