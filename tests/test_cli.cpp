@@ -100,7 +100,7 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   CHECK(r.out.find(dir.file("labels.txt") + ": 2 labels for a model with 10 classes") != std::string::npos);
   r = run("classify --model " + tiny() + " --width 50 " + samples());
   CHECK(r.status != 0);
-  CHECK(r.out.find("takes 96x64 input") != std::string::npos);
+  CHECK(r.out.find("takes 96x64 only") != std::string::npos);
 }
 
 TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predictions; labels and overrides stick") {
@@ -119,6 +119,25 @@ TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predic
   CHECK(a.out.find("label") != std::string::npos);
   const Run i = run("info " + dir.file("c.json") + " --no-layers");
   CHECK(i.out.find("BGR") != std::string::npos);
+}
+
+TEST_CASE("--width and --height that a fixed-size network cannot take are refused before any work") {
+  TempDir dir;
+  const std::string fm = relpos::test::source_dir() + "/models/botnet-fmnist.json";  // 28x28, relative positions
+  // convert wrote a file that no command could run (and over the input, given as the output)
+  Run r = run("convert " + fm + " " + dir.file("w30.json") + " --width 30");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--width/--height ask for 28x30 input (height x width), but botnet-fmnist takes 28x28 only") !=
+        std::string::npos);
+  CHECK(!std::filesystem::exists(dir.file("w30.json")));
+  r = run("classify -m " + fm + " --height 32 " + samples() + "/bag_00018.png");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("ask for 32x28 input") != std::string::npos);
+  // the size it has is fine, and a network without fixed tables takes any size
+  CHECK(run("convert " + fm + " " + dir.file("w28.json") + " --width 28 --height 28").status == 0);
+  CHECK(run("classify -m " + relpos::test::source_dir() + "/models/fmnist_conv.json --width 32 --height 32 " + samples() +
+            "/bag_00018.png").status == 0);
 }
 
 TEST_CASE("info lists layers with parameters and multiply-adds") {

@@ -147,6 +147,16 @@ void PreprocessOptions::apply(Model& model) const {
   const std::vector<float> std_v = per_channel(std, "--std", p.in_chans());
   if (width) p.width = *width;
   if (height) p.height = *height;
+  const ModelConfig& config = model.network().config();
+  // A network whose position tables are sized for its input runs at that size only: refused here,
+  // before any work (and before convert writes a file that could not run).
+  RELPOS_USAGE_CHECK(!(width || height) || !config.fixed_input_size() ||
+                         (p.height == config.input_size[0] && p.width == config.input_size[1]),
+                     "--width/--height ask for " << p.height << "x" << p.width << " input (height x width), but "
+                                                 << config.name << " takes " << config.input_size[0] << "x"
+                                                 << config.input_size[1]
+                                                 << " only: its position tables fix the feature size (relpos eval "
+                                                    "--input-size resamples them for another size)");
   if (scale) {
     RELPOS_USAGE_CHECK(std::isfinite(*scale) && *scale != 0.0f, "--scale must be a non-zero number");
     // The mean is stored after scaling: keep it in pixel units unless --mean gives a new one.
