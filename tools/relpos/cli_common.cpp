@@ -13,13 +13,35 @@ namespace relpos::cli {
 
 namespace fs = std::filesystem;
 
+namespace {
+CLI::Validator number_check(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& text) -> std::string {
+        double v = 0.0;
+        std::size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !std::isfinite(v)) return "must be a number, got '" + text + "'";
+        if (zero_ok ? v < 0.0 : v <= 0.0)
+          return std::string(zero_ok ? "must not be negative" : "must be positive") + ", got " + text;
+        return std::string();
+      },
+      zero_ok ? "NONNEGATIVE" : "POSITIVE");
+}
+}  // namespace
+
+const CLI::Validator kPositive = number_check(false), kNonNegative = number_check(true);
+
 void RunOptions::add(CLI::App* app) {
   app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));
   app->add_option("--threads", threads, "CPU threads (default: all cores, less those other processes keep busy; 1 to " + std::to_string(kMaxThreads) + ")")
       ->check(CLI::Range(0, kMaxThreads));
   app->add_option("--max-model-gb", max_model_gb,
                   "Allow models whose estimated memory (relpos info shows it) is up to this many GiB (default 16)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 }
 
 Device RunOptions::apply() const {

@@ -33,6 +33,10 @@ class UsageError : public Error {
     }                                                  \
   } while (0)
 
+// Flag checks that say what they want ("must be positive, got 0"): CLI11's PositiveNumber and
+// NonNegativeNumber print their range as 0.000000 to a 309-digit number.
+extern const CLI::Validator kPositive, kNonNegative;
+
 // --device / --threads (every command that runs a model)
 struct RunOptions {
   std::string device = "cpu";

@@ -274,7 +274,7 @@ void register_explain(CLI::App& app) {
                   "(height/2, width/2)")
       ->type_name("Y,X");
   sub->add_option("--head", args->head, "Only this head in the query pictures (default: every head)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   sub->add_option("-o,--out", args->out, "Folder for the PNGs, distances.txt and explain.json (created)")->required();
   args->pre.add(sub);
   sub->callback([args] { run(*args); });

@@ -144,7 +144,7 @@ void register_quantize(CLI::App& app) {
   sub->add_option("--keep-float", a->keep_float, "Layers to keep in float32, comma-separated (names as listed)");
   sub->add_option("--sensitivity-images", a->sensitivity,
                   "Calibration images to measure each layer's sensitivity on (0: skip)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   sub->add_option("-b,--batch", a->batch, "Images per calibration pass")
       ->check(at_least_one("--batch", "images per pass"))
