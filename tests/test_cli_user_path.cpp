@@ -132,6 +132,7 @@ TEST_CASE("--mean and --std take one value or one per channel; anything else is 
   r = run_cli("classify -m botnet26t_256 --mean x " + photo());
   CHECK(r.status == 2);
   CHECK(r.out.find("--mean takes numbers") != std::string::npos);
+  CHECK(r.out.find("e.g. --mean 127.5") != std::string::npos);  // its example in its own units, 0..255
   r = run_cli("classify -m botnet26t_256 --std 0 " + photo());
   CHECK(r.status == 2);
   // three values on an RGB model are fine

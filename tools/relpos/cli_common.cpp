@@ -114,8 +114,10 @@ std::vector<float> per_channel(const std::optional<std::string>& text, const cha
       used = 0;
     }
     RELPOS_USAGE_CHECK(used > 0 && item.find_first_not_of(" ", used) == std::string::npos && std::isfinite(x),
-                 flag << " takes numbers separated by commas (e.g. " << flag << " 0.5 or " << flag
-                      << " 0.485,0.456,0.406), got '" << *text << "'");
+                 flag << " takes numbers separated by commas (e.g. " << flag
+                      << (std::string(flag) == "--mean" ? " 127.5 or --mean 123.675,116.28,103.53, in pixel units 0..255"
+                                           : " 0.5 or --std 0.229,0.224,0.225, after scaling to 0..1")
+                      << "), got '" << *text << "'");
     v.push_back(x);
   }
   RELPOS_USAGE_CHECK(!v.empty() && (v.size() == 1 || static_cast<int>(v.size()) == channels),
