@@ -360,4 +360,10 @@ TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once,
     CHECK(r.status == 2);
     CHECK(r.out.find("--shard takes K/N") != std::string::npos);
   }
+  // more shards than images: the shards past them have nothing to do, say so and succeed
+  const Run empty = run("classify -m " + model + " " + samples() + " --json -q --shard 40/40");
+  INFO(empty.out);
+  CHECK(empty.status == 0);
+  CHECK(empty.out.find("shard 40/40 has no images: " + std::to_string(total) + " dealt in turn over 40 shards") !=
+        std::string::npos);
 }

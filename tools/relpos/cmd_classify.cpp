@@ -88,10 +88,17 @@ void run(const ClassifyArgs& a) {
   const double load_ms = ms_since(t_load);
   std::vector<std::pair<std::string, std::string>> errors;
   std::vector<std::string> files = expand_inputs(a.inputs, errors);
+  // A shard past the number of images (30 images over 40 jobs) has nothing to do: it says so and
+  // succeeds, as it would have had the images been split otherwise.
+  bool empty_shard = false;
   if (!a.shard.empty()) {
     const auto [k, n] = parse_shard(a.shard);
     std::vector<std::string> mine;
     for (std::size_t i = k - 1; i < files.size(); i += n) mine.push_back(files[i]);
+    empty_shard = mine.empty() && !files.empty();
+    if (empty_shard)
+      std::cerr << "relpos: shard " << k << "/" << n << " has no images: " << files.size()
+                << " dealt in turn over " << n << " shards\n";
     files = std::move(mine);
     if (k != 1) errors.clear();  // inputs that do not exist are reported once, by shard 1
   }
@@ -133,7 +140,7 @@ void run(const ClassifyArgs& a) {
   }
   bar.finish();
   if (a.quiet) {
-    if (failed > 0 || done == 0) exit_status() = kExitFailure;
+    if (failed > 0 || (done == 0 && !empty_shard)) exit_status() = kExitFailure;
     return;
   }
   std::cerr << std::fixed << std::setprecision(1) << "relpos: " << done << " image" << (done == 1 ? "" : "s")
@@ -146,7 +153,7 @@ void run(const ClassifyArgs& a) {
             << to_string(model.device());
   if (failed) std::cerr << "; " << failed << " failed";
   std::cerr << "\n";
-  if (failed > 0 || done == 0) exit_status() = kExitFailure;
+  if (failed > 0 || (done == 0 && !empty_shard)) exit_status() = kExitFailure;
 }
 
 }  // namespace
