@@ -346,6 +346,20 @@ TEST_CASE("files that are not there, directories and configs without a stem fail
     CHECK_THROWS_WITH_AS(Model::create(dir.file("cfg.json")), doctest::Contains(want.c_str()), Error);
     CHECK_THROWS_WITH_AS(ModelConfig::load(dir.file("cfg.json")), doctest::Contains(want.c_str()), Error);
   }
+  // writing into a folder that is not there names the file asked for, not the temporary beside it
+  const std::string into = dir.file("no-such-folder") + "/m.json";
+  for (bool json : {true, false}) {
+    try {
+      if (json) tiny_model().save_json(into);
+      else tiny_model().save_safetensors(dir.file("no-such-folder") + "/m.safetensors");
+      FAIL("no error");
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find("cannot write '" + dir.file("no-such-folder") + "/m.") != std::string::npos);
+      CHECK(msg.find(".tmp.") == std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("a training checkpoint loads as a model (its model part)") {

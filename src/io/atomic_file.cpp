@@ -19,10 +19,11 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      RELPOS_CHECK(out, "cannot write '" << tmp << "': " << std::strerror(errno));
+      // (errors name the file the caller asked for; the temporary beside it is an inner detail)
+      RELPOS_CHECK(out, "cannot write '" << path << "': " << std::strerror(errno));
       write(out);
       out.flush();
-      RELPOS_CHECK(out, "writing '" << tmp << "' failed: " << std::strerror(errno));
+      RELPOS_CHECK(out, "writing '" << path << "' failed: " << std::strerror(errno));
     }
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd >= 0) {
