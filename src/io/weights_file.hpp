@@ -45,8 +45,8 @@ std::string weights_json_text(const Model& model, TensorEncoding encoding);
 std::map<std::string, std::string> model_metadata(const Model& model, const std::string& format);
 
 // Every parameter and buffer of the network must be given exactly once (num_batches_tracked
-// entries are ignored) and hold finite values; errors name the tensor and the source. With int8_tensors (a file's), a
-// tensor is stored as int8 exactly when it is an int8 layer's weights.
+// entries are ignored) and hold finite values; errors name the tensor and the source. With
+// int8_tensors (a file's), a tensor is stored as int8 exactly when it is an int8 layer's weights.
 void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source,
                     const std::set<std::string>* int8_tensors = nullptr);
 
