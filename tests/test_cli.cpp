@@ -103,7 +103,8 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   CHECK(r.out.find("takes 96x64 only") != std::string::npos);
   // a flag's range says what it wants (CLI11's own checks printed 0.000000 to a 309-digit number)
   for (const char* flags : {"train -c fmnist_conv --epochs 0", "classify -m fmnist_conv --max-model-gb 0 x.png",
-                            "bench -m fmnist_conv --warmup -1"}) {
+                            "bench -m fmnist_conv --warmup -1", "train -c fmnist_conv --lr -1",
+                            "train -c fmnist_conv --wd -1"}) {
     r = run(flags);
     INFO(flags << ": " << r.out);
     CHECK(r.status == 2);
@@ -111,6 +112,10 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
            r.out.find("must not be negative, got -1") != std::string::npos));
     CHECK(r.out.find("000000000") == std::string::npos);
   }
+  // eval --png into a folder that is not there fails before the evaluation, naming the file
+  r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/nonexistent-folder/cm.png: cannot write the confusion matrix there") != std::string::npos);
 }
 
 TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predictions; labels and overrides stick") {

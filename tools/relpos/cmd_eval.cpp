@@ -1,4 +1,5 @@
 // relpos eval: top-1, per-class accuracy and the confusion matrix on a test set.
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -41,6 +42,14 @@ std::pair<int, int> parse_size(const std::string& text) {
 }
 
 void run(const EvalArgs& a) {
+  if (!a.png.empty()) {  // a picture that cannot be written fails now, not after the evaluation
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path folder = fs::path(a.png).parent_path().empty() ? fs::path(".") : fs::path(a.png).parent_path();
+    RELPOS_CHECK(fs::is_directory(folder, ec), a.png << ": cannot write the confusion matrix there (no folder "
+                                                     << folder.string() << ")");
+    RELPOS_CHECK(!fs::is_directory(a.png, ec), a.png << ": is a folder; --png takes a file name");
+  }
   Model model = a.model.load();
   // Another input size: the model is rebuilt for it, its position tables resampled when they
   // depend on it (docs/attention.md). --canvas N alone runs the model at N x N.

@@ -186,16 +186,18 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(kPositive)->capture_default_str();
   sub->add_option("-b,--batch", a->opt.batch, "Batch size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
-  sub->add_option("--lr", a->opt.lr, "Peak learning rate")->capture_default_str();
-  sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")->capture_default_str();
+  sub->add_option("--lr", a->opt.lr, "Peak learning rate")->check(kNonNegative)->capture_default_str();
+  sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")
+      ->check(kNonNegative)
+      ->capture_default_str();
   sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->capture_default_str();
   sub->add_option("--opt", a->opt.optimizer.kind, "sgd or adamw")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, OptimizerKind>{{"sgd", OptimizerKind::SGD}, {"adamw", OptimizerKind::AdamW}}))
       ->default_str(to_string(a->opt.optimizer.kind));
-  sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->capture_default_str();
+  sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->check(kNonNegative)->capture_default_str();
   sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
-  sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->capture_default_str();
+  sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->check(kNonNegative)->capture_default_str();
   sub->add_option("--smoothing", a->opt.label_smoothing, "Label smoothing")->capture_default_str();
   sub->add_option("--pad", a->opt.augment.pad, "Random-crop padding in pixels (0: off)")->capture_default_str();
   sub->add_flag("--no-flip", a->no_flip, "No random horizontal flips");
