@@ -104,7 +104,7 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   // a flag's range says what it wants (CLI11's own checks printed 0.000000 to a 309-digit number)
   for (const char* flags : {"train -c fmnist_conv --epochs 0", "classify -m fmnist_conv --max-model-gb 0 x.png",
                             "bench -m fmnist_conv --warmup -1", "train -c fmnist_conv --lr -1",
-                            "train -c fmnist_conv --wd -1"}) {
+                            "train -c fmnist_conv --wd -1", "train -c fmnist_conv --max-steps -1"}) {
     r = run(flags);
     INFO(flags << ": " << r.out);
     CHECK(r.status == 2);

@@ -222,7 +222,8 @@ void register_train(CLI::App& app) {
                   "Also write the trained model (relpos weights JSON) here; remembered by --resume");
   sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(kPositive)->capture_default_str();
   a->run.add(sub);
-  sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint)");
+  sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint; 0: no limit)")
+      ->check(kNonNegative);
   sub->add_option("--checkpoint-every", a->opt.checkpoint_minutes,
                   "Minutes between checkpoints inside an epoch (0: at epoch ends only); a killed run loses at most "
                   "this much work")
