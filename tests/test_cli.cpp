@@ -109,6 +109,7 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
     INFO(flags << ": " << r.out);
     CHECK(r.status == 2);
     CHECK((r.out.find("must be positive, got 0") != std::string::npos ||
+           r.out.find("must be a whole number of at least 1 (epochs to train), got '0'") != std::string::npos ||
            r.out.find("must not be negative, got -1") != std::string::npos));
     CHECK(r.out.find("000000000") == std::string::npos);
   }

@@ -33,8 +33,9 @@ class UsageError : public Error {
     }                                                  \
   } while (0)
 
-// Flag checks that say what they want ("must be positive, got 0"): CLI11's PositiveNumber and
-// NonNegativeNumber print their range as 0.000000 to a 309-digit number.
+// Flag checks for numbers that say what they want ("must be positive, got 0"): CLI11's
+// PositiveNumber and NonNegativeNumber print their range as 0.000000 to a 309-digit number. A whole
+// number of at least 1 takes at_least_one (below).
 extern const CLI::Validator kPositive, kNonNegative;
 
 // --device / --threads (every command that runs a model)

@@ -361,10 +361,10 @@ void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand("bench", "Time inference, a training step, or the attention op alone");
   args->model.add(sub, /*model_required=*/false);
-  sub->add_option("--batch", args->batch, "Batch size of the random input")->check(kPositive)->capture_default_str();
+  sub->add_option("--batch", args->batch, "Batch size of the random input")->check(at_least_one("--batch", "images per run"))->capture_default_str();
   sub->add_option("--input", args->input, "safetensors file with an 'input' tensor (N, C, H, W)");
   sub->add_option("--warmup", args->warmup, "Untimed runs first")->check(kNonNegative)->capture_default_str();
-  sub->add_option("--iters", args->iters, "Timed runs (at least)")->check(kPositive)->capture_default_str();
+  sub->add_option("--iters", args->iters, "Timed runs (at least)")->check(at_least_one("--iters", "timed runs"))->capture_default_str();
   sub->add_option("--min-seconds", args->min_seconds, "Keep timing for at least this long");
   sub->add_option("--save-logits", args->save_logits, "Write the logits as safetensors ('logits')");
   sub->add_flag("--train", args->train, "Time a training step (forward, backward, SGD) instead of inference");
@@ -377,7 +377,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--dim", args->dim, "Attention: dqk = dv per head")->capture_default_str();
   sub->add_option("--heads", args->heads, "Attention: heads")->capture_default_str();
   sub->add_option("--sasa", args->sasa, "Attention: time SASA local attention with this (odd) window instead of BoTNet's")
-      ->check(kPositive);
+      ->check(at_least_one("--sasa", "the window's side"));
   sub->add_option("--paired-with", args->paired_with,
                   "A second model (as --model) timed in turn with the first, one inference each per pair; prints "
                   "both and the median over the pairs of its multiply-adds per second over the first's");

@@ -67,7 +67,8 @@ void register_info(CLI::App& app) {
   sub->add_option("model", args->model.model, "Weights file, model config or shipped config name")->required();
   sub->add_option("--config", args->model.config, "Architecture for a timm .safetensors file");
   args->model.run.add(sub);
-  sub->add_option("--batch", args->batch, "Batch size for the multiply-add count")->check(kPositive);
+  sub->add_option("--batch", args->batch, "Batch size for the multiply-add count")
+      ->check(at_least_one("--batch", "images for the count"));
   sub->add_flag("!--no-layers", args->layers, "Only print the totals");
   sub->callback([args] { run(*args); });
 }

@@ -184,7 +184,7 @@ void register_train(CLI::App& app) {
                   "how its learning rate goes on)");
   sub->add_option("--data", a->opt.data, "fashion-mnist, or a folder with train/ and test/ of class folders")
       ->capture_default_str();
-  sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(kPositive)->capture_default_str();
+  sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(at_least_one("--epochs", "epochs to train"))->capture_default_str();
   sub->add_option("-b,--batch", a->opt.batch, "Batch size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
   sub->add_option("--lr", a->opt.lr, "Peak learning rate")->check(kNonNegative)->capture_default_str();
   sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")
@@ -220,7 +220,8 @@ void register_train(CLI::App& app) {
   sub->add_flag("--overwrite", a->overwrite, "Let a new run replace an earlier run's results in the output folder");
   sub->add_option("--save", a->opt.save,
                   "Also write the trained model (relpos weights JSON) here; remembered by --resume");
-  sub->add_option("--workers", a->opt.workers, "Data loader threads")->check(kPositive)->capture_default_str();
+  sub->add_option("--workers", a->opt.workers, "Data loader threads")
+      ->check(at_least_one("--workers", "data loader threads"))->capture_default_str();
   a->run.add(sub);
   sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint; 0: no limit)")
       ->check(kNonNegative);
