@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <optional>
 #include <set>
 
 #include "core/runtime_internal.hpp"
@@ -115,6 +114,19 @@ std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
   return network_.infer_attention(make_batch({image}, preprocess_).to(network_.device()));
 }
 
+namespace {
+// The model a file describes, with its labels and preprocessing (the config's defaults where it has
+// none); labels or preprocessing that do not fit the network are errors naming the file.
+Model model_of_file(const std::string& path, Network net, detail::ModelFile& fc) {
+  const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
+  try {
+    return Model(std::move(net), std::move(fc.labels), pre);
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+}
+}  // namespace
+
 Model Model::load(const std::string& path, const LoadOptions& options) {
   detail::ModelFile fc = detail::read_weights_file(path, options.config);
   Network net(fc.config, 0, /*initialize=*/false);
@@ -127,26 +139,14 @@ Model Model::load(const std::string& path, const LoadOptions& options) {
     }
   }
   detail::assign_tensors(net, fc.tensors, path, &fc.int8_tensors);
-  const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
-  std::optional<Model> m;
-  try {  // labels or preprocessing that do not fit the network: the file is named
-    m.emplace(std::move(net), std::move(fc.labels), pre);
-  } catch (const Error& e) {
-    RELPOS_FAIL(path << ": " << e.what());
-  }
-  m->to(options.device);
-  return std::move(*m);
+  Model m = model_of_file(path, std::move(net), fc);
+  m.to(options.device);
+  return m;
 }
 
 Model Model::create(const std::string& config, std::uint32_t seed) {
   detail::ModelFile fc = detail::read_config_file(config);
-  const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
-  Network net(fc.config, seed);
-  try {  // labels or preprocessing that do not fit the network: the file is named
-    return Model(std::move(net), std::move(fc.labels), pre);
-  } catch (const Error& e) {
-    RELPOS_FAIL(config << ": " << e.what());
-  }
+  return model_of_file(config, Network(fc.config, seed), fc);
 }
 
 Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
