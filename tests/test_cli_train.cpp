@@ -1,10 +1,14 @@
 // relpos train / eval from the command line: outputs, Ctrl-C, SIGKILL and resuming.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <sys/wait.h>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -93,6 +97,50 @@ TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") 
   CHECK(slurp(d.file("log2")).find("ETA") == std::string::npos);  // -q holds on resume too
   CHECK(csv_rows(out + "/log.csv") == done + 2);
   CHECK(fs::exists(out + "/model.json"));
+}
+
+TEST_CASE("a hang-up (the terminal gone, stderr a pipe without reader) saves a checkpoint and exits 129") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);
+  const std::string out = d.path + "/run";
+  // stdout and stderr go into a pipe whose reader is closed before the hang-up, as when an ssh session
+  // drops: the stop message then meets a pipe without reader, which must not kill the run unsaved. The
+  // process is started and waited for here, not by a shell, so that an exit with 129 and death by the
+  // signal (which a shell reports as 129 too) are told apart.
+  const std::string config = relpos::test::tiny_rgb_config(), data = d.path + "/data";
+  std::vector<std::string> args = {cli(), "train", "-c", config, "--data", data, "-b", "16", "--threads", "1",
+                                   "--epochs", "500", "-o", out, "-q"};
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::signal(SIGPIPE, SIG_DFL);  // as in a login shell, whatever the test runner set
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  for (int i = 0; i < 600 && !fs::exists(out + "/checkpoint.safetensors"); ++i) usleep(50000);
+  close(fds[0]);  // the reader goes away, then the hang-up comes
+  REQUIRE(kill(pid, SIGHUP) == 0);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  INFO("signalled " << WIFSIGNALED(st) << " by " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 129);
+  // the checkpoint written at the hang-up resumes
+  const int done = std::max(0, csv_rows(out + "/log.csv"));
+  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 1) + " -q > " +
+             d.file("log2") + " 2>&1") == 0);
+  INFO(slurp(d.file("log2")));
+  CHECK(csv_rows(out + "/log.csv") == done + 1);
 }
 
 TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finishes") {

@@ -20,9 +20,16 @@ namespace relpos::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};  // the signal that asked the run to stop
 
-extern "C" void on_signal(int) {
-  if (g_stop.exchange(true)) _exit(130);  // a second Ctrl-C: leave at once
+// SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or ssh session went away) all stop the run after
+// the current step with a checkpoint; the exit status is then 128 + the signal, as the shell reports it
+extern "C" void on_signal(int sig) {
+  if (g_stop.exchange(true)) _exit(128 + sig);  // a second Ctrl-C: leave at once
+  g_signal.store(sig);
+  // after a hang-up, the terminal or the pipe that read stderr may be gone: a write to a pipe without a
+  // reader must not kill the process before its checkpoint is written
+  if (sig == SIGHUP) std::signal(SIGPIPE, SIG_IGN);
   const char msg[] = "\nrelpos: stopping after this step; saving a checkpoint (Ctrl-C again to quit now)\n";
   const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
   (void)ignored;
@@ -109,17 +116,15 @@ void run(TrainArgs a) {
               << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
   else if (rank0)
     std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
   const TrainResult r = train(model, a.opt, a.resume, &g_stop, a.epochs_given ? a.opt.epochs : 0);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
   if (r.interrupted) {
     if (rank0)
       std::cerr << "relpos: interrupted; checkpoint saved to " << r.checkpoint
                 << "\n  resume with: " << (procs.size > 1 ? "mpirun -np " + std::to_string(procs.size) + " " : "")
                 << "relpos train --resume " << r.checkpoint << "\n";
-    exit_status() = 130;
+    exit_status() = 128 + (g_signal.load() != 0 ? g_signal.load() : SIGINT);
     return;
   }
   if (!rank0) return;
