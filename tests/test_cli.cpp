@@ -80,6 +80,23 @@ TEST_CASE("a bad image is reported and skipped, the rest are classified, and the
   CHECK(r.out.find("3 failed") != std::string::npos);
 }
 
+TEST_CASE("classify follows linked folders and reports a broken link among a folder's images") {
+  TempDir dir;
+  fs::create_directories(dir.path + "/in");
+  fs::create_directories(dir.path + "/other");
+  cv::imwrite(dir.path + "/in/good.png", cv::imread(samples() + "/bag_00018.png"));
+  cv::imwrite(dir.path + "/other/linked.png", cv::imread(samples() + "/bag_00018.png"));
+  fs::create_directory_symlink(dir.path + "/other", dir.path + "/in/sub");
+  fs::create_symlink(dir.path + "/moved.png", dir.path + "/in/lost.png");
+  Run r = run("classify --model " + tiny() + " " + dir.path + "/in");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.path + "/in/lost.png: broken symbolic link") != std::string::npos);
+  CHECK(r.out.find(dir.path + "/in/sub/linked.png\n") != std::string::npos);
+  CHECK(r.out.find("2 images classified") != std::string::npos);
+  CHECK(r.out.find("1 failed") != std::string::npos);
+}
+
 TEST_CASE("an empty folder is an error, not a silent success") {
   TempDir dir;
   Run r = run("classify --model " + tiny() + " " + dir.path);

@@ -201,6 +201,36 @@ TEST_CASE("image folders: classes from folder names; unreadable files are report
   CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/nothing-here", "train"), doctest::Contains("not a folder"), Error);
 }
 
+TEST_CASE("image folders: linked subfolders are followed once, a broken link is an error naming it") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path, 4, 2);
+  const std::string dots = dir.path + "/train/dots";
+  // a subfolder reached through a link counts (as torchvision's ImageFolder follows links), a link
+  // back up the tree is walked once instead of forever
+  fs::create_directories(dir.path + "/more");
+  fs::copy_file(dots + "/000.png", dir.path + "/more/extra.png");
+  fs::create_directory_symlink(dir.path + "/more", dots + "/linked");
+  fs::create_directory_symlink(dots, dots + "/linked_back");
+  auto d = open_dataset(dir.path, "train");
+  CHECK(d->size() == 13);
+  CHECK(find_images(dots).size() == 5);
+  CHECK(find_images(dots).back() == dots + "/linked/extra.png");
+  // an image whose link's target is gone is named, not silently left out
+  fs::create_symlink(dir.path + "/gone.png", dots + "/lost.png");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"), doctest::Contains((dots + "/lost.png: broken symbolic link").c_str()),
+                       Error);
+  std::vector<std::pair<std::string, std::string>> problems;
+  CHECK(find_images(dots, &problems).size() == 5);  // with a list for the problems, the walk goes on
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].first == dots + "/lost.png");
+  CHECK(problems[0].second.find("'" + dir.path + "/gone.png' does not exist") != std::string::npos);
+  fs::remove(dots + "/lost.png");
+  // so is a class folder's link whose target is gone: it would drop a class
+  fs::create_directory_symlink(dir.path + "/gone", dir.path + "/train/stripes");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
+                       doctest::Contains((dir.path + "/train/stripes: broken symbolic link").c_str()), Error);
+}
+
 TEST_CASE("the data loader restarts epochs while its workers are busy, and every epoch is complete and right") {
   // start_epoch() replaces the sample order while workers may still be making batches of the
   // last epoch (they work on that epoch's own snapshot); run under tools/tsan_check.sh too.

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relpos/tensor.hpp"
@@ -77,6 +78,13 @@ cv::Mat read_image(const std::string& path);
 void write_image(const std::string& path, const cv::Mat& image);
 // Whether a file name has an image extension OpenCV decodes (png, jpg, bmp, tif, webp, pnm, ...).
 bool has_image_extension(const std::string& path);
+// The image files (by has_image_extension) in a folder and all its subfolders, sorted by path.
+// Symbolic links to folders are followed, each folder walked once (so a link cycle ends). A broken
+// symbolic link with an image name, or a folder that cannot be read, is a problem: with `problems`
+// given, its path and what is wrong are appended there and the walk goes on; without, the first one
+// throws relpos::Error naming it. Image-folder datasets and the command line list folders this way.
+std::vector<std::string> find_images(const std::string& folder,
+                                     std::vector<std::pair<std::string, std::string>>* problems = nullptr);
 
 // Preprocesses images (BGR, BGRA or grayscale, 8-bit, 16-bit or float) into one (N, C, H, W)
 // channels-last batch on the CPU.

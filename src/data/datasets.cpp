@@ -103,8 +103,14 @@ std::string label_folder_name(const std::string& label) {
 ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels) {
   RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
   std::vector<std::string> folders;
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory()) folders.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::error_code ec;
+    if (e.is_directory(ec)) folders.push_back(e.path().filename().string());
+    // a class folder's link whose target is gone would silently drop that class
+    RELPOS_CHECK(!(e.is_symlink(ec) && !fs::exists(e.path(), ec)),
+                 e.path().string() << ": broken symbolic link: its target '" << fs::read_symlink(e.path(), ec).string()
+                                   << "' does not exist");
+  }
   std::sort(folders.begin(), folders.end());
   RELPOS_CHECK(!folders.empty(), root << ": no class folders (expected " << root << "/<class>/<images>)");
   // Which class each folder holds: by name when the labels are known, else alphabetical.
@@ -129,11 +135,8 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                                   << label_folder_name(labels[l]) << "/)");
   }
   for (std::size_t f = 0; f < folders.size(); ++f) {
-    std::vector<std::string> images;
-    for (const auto& e : fs::recursive_directory_iterator(fs::path(root) / folders[f]))
-      if (e.is_regular_file() && has_image_extension(e.path().string())) images.push_back(e.path().string());
+    std::vector<std::string> images = find_images((fs::path(root) / folders[f]).string());
     RELPOS_CHECK(!images.empty(), root << ": class folder '" << folders[f] << "' holds no images");
-    std::sort(images.begin(), images.end());
     for (auto& i : images) {
       files_.push_back(std::move(i));
       labels_.push_back(class_of[f]);

@@ -247,12 +247,9 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs,
   for (const std::string& in : inputs) {
     std::error_code ec;
     if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied, ec);
-           !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-        if (it->is_regular_file(ec) && has_image_extension(it->path().string())) found.push_back(it->path().string());
-      if (found.empty()) errors.emplace_back(in, "folder holds no images");
-      std::sort(found.begin(), found.end());
+      const std::size_t before = errors.size();
+      const std::vector<std::string> found = find_images(in, &errors);  // a broken link is an error, the rest go on
+      if (found.empty() && errors.size() == before) errors.emplace_back(in, "folder holds no images");
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::exists(in, ec)) {
       files.push_back(in);
