@@ -171,6 +171,13 @@ TEST_CASE("--width and --height that a fixed-size network cannot take are refuse
   CHECK(run("convert " + fm + " " + dir.file("w28.json") + " --width 28 --height 28").status == 0);
   CHECK(run("classify -m " + relpos::test::source_dir() + "/models/fmnist_conv.json --width 32 --height 32 " + samples() +
             "/bag_00018.png").status == 0);
+  // its memory is checked at the size asked for, not the size it was built for, before any work
+  r = run("classify -m " + relpos::test::source_dir() + "/models/fmnist_conv.json --width 60000 --height 60000 " +
+          samples() + "/bag_00018.png");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--width/--height ask for 60000x60000 input: model config") != std::string::npos);
+  CHECK(r.out.find("GiB; set RELPOS_MAX_MODEL_GB (or relpos --max-model-gb) to allow it") != std::string::npos);
 }
 
 TEST_CASE("info lists layers with parameters and multiply-adds") {

@@ -181,6 +181,16 @@ void PreprocessOptions::apply(Model& model) const {
                                                  << config.input_size[1]
                                                  << " only: its position tables fix the feature size (relpos eval "
                                                     "--input-size resamples them for another size)");
+  // The network's memory was checked at the size it was built for; a larger input needs more.
+  if (width || height) {
+    ModelConfig at = config;
+    at.input_size = {p.height, p.width};
+    try {
+      at.check_memory();
+    } catch (const Error& e) {
+      RELPOS_FAIL("--width/--height ask for " << p.height << "x" << p.width << " input: " << e.what());
+    }
+  }
   if (scale) {
     RELPOS_USAGE_CHECK(std::isfinite(*scale) && *scale != 0.0f, "--scale must be a non-zero number");
     // The mean is stored after scaling: keep it in pixel units unless --mean gives a new one.
