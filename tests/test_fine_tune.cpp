@@ -167,6 +167,7 @@ TEST_CASE("fine-tuning the shipped Fashion-MNIST model on three of its classes b
     o.lr = 0.02f;
     o.max_steps = steps;
     o.eval_each_epoch = false;
+    o.overwrite = true;  // every run is scratch: each replaces the last one's results
     if (steps == 0) fit_to_data(m, open_dataset(data, "train")->classes());
     else train(m, o);
     m.network().prepare_inference();

@@ -332,6 +332,33 @@ TEST_CASE("training a few steps lowers the loss; the same seeds give the same we
   CHECK(back.labels() == std::vector<std::string>{"bars", "columns", "dots"});
 }
 
+TEST_CASE("a new run refuses a folder holding an earlier run's results unless told to overwrite them") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 8, 2);
+  TrainOptions o = small_run(dir.path + "/data", dir.path + "/run");
+  o.epochs = 1;
+  Model m = Model::create(test::tiny_rgb_config(), 5);
+  train(m, o);
+  const std::string log = dir.path + "/run/log.csv";
+  const auto written = fs::last_write_time(log);
+  Model again = Model::create(test::tiny_rgb_config(), 6);
+  CHECK_THROWS_WITH_AS(train(again, o),
+                       doctest::Contains((dir.path + "/run/checkpoint.safetensors: the output folder holds an earlier "
+                                                     "run's results; continue it with --resume")
+                                             .c_str()),
+                       Error);
+  CHECK(fs::last_write_time(log) == written);  // nothing was replaced
+  // any one of the results is enough to refuse
+  fs::remove(dir.path + "/run/checkpoint.safetensors");
+  CHECK_THROWS_WITH_AS(train(again, o), doctest::Contains("/run/model.json: the output folder holds"), Error);
+  o.overwrite = true;
+  CHECK(train(again, o).history.size() == 1);
+  CHECK(fs::exists(dir.path + "/run/checkpoint.safetensors"));
+  // resuming continues its own folder: no refusal
+  o.epochs = 2;
+  CHECK(train(again, o, dir.path + "/run/checkpoint.safetensors", nullptr, 2).history.size() == 2);
+}
+
 TEST_CASE("a training run keeps one thread count while another process loads the machine") {
   // The adaptive default (docs/threads.md) would give a core to a busy neighbour; training keeps
   // OpenMP's default instead, since oneDNN's reductions, and so the weights, depend on the count.

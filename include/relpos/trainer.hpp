@@ -85,6 +85,10 @@ struct TrainOptions {
   std::string extend = "cosine";
   float extend_lr = 0.0f;
   std::string out = "runs/train";
+  // A new run refuses an `out` folder that holds an earlier run's results (checkpoint.safetensors,
+  // best.safetensors, model.json, log.csv), as they would be replaced; true replaces them. A resumed
+  // run continues in its own folder. How to run, not the recipe (a checkpoint does not keep it).
+  bool overwrite = false;
   std::string save;       // also write the trained model (weights JSON) here at the end ("": no)
   // Called on the training thread after every step, at each epoch's end and with warnings; empty:
   // train() runs silently. Not part of the recipe (a checkpoint does not keep it).

@@ -46,6 +46,22 @@ void check_writable_folder(const std::string& folder, const char* what) {
   fs::remove(probe, ec);
 }
 
+// A new run writes these files into its folder, replacing what an earlier run left there (the
+// CLI's default folder is the same for every run), so it refuses a folder that holds any of them
+// unless TrainOptions::overwrite (--overwrite) says to replace them.
+void check_fresh_output(const std::string& out) {
+  std::error_code ec;
+  const fs::path ckpt = fs::path(out) / "checkpoint.safetensors";
+  for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv"}) {
+    const fs::path p = fs::path(out) / f;
+    RELPOS_CHECK(!fs::exists(p, ec), p.string() << ": the output folder holds an earlier run's results; "
+                                                << (fs::exists(ckpt, ec) ? "continue it with --resume " + ckpt.string() + ", "
+                                                                         : std::string())
+                                                << "give another folder (-o), or add --overwrite to replace them "
+                                                   "(TrainOptions::out, TrainOptions::overwrite)");
+  }
+}
+
 int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_element(row, row + n) - row); }
 
 void write_csv(const std::string& path, const std::vector<EpochLog>& history) {
@@ -160,6 +176,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     RELPOS_CHECK(!ec && fs::is_directory(opts.out), opts.out << ": cannot create the output folder ("
                                                              << (ec ? ec.message() : "not a folder") << ")");
     check_writable_folder(opts.out, "the output folder");
+    if (!ck && !opts.overwrite) check_fresh_output(opts.out);
     if (!opts.save.empty()) {
       const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
       RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");

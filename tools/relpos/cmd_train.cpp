@@ -50,25 +50,9 @@ struct TrainArgs {
   bool epochs_given = false, lr_given = false, ema = false;
   RunOptions run;
   std::uint32_t init_seed = 0;
-  bool no_flip = false, quiet = false, no_eval = false, overwrite = false;
+  bool no_flip = false, quiet = false, no_eval = false;
   TrainOptions opt;
 };
-
-// A new run writes checkpoint.safetensors, best.safetensors, model.json and log.csv into its
-// folder, replacing what an earlier run left there (the default folder is the same for every run).
-// So a new run refuses a folder that holds any of them, unless --overwrite says to replace them.
-void check_fresh_output(const std::string& out) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path ckpt = fs::path(out) / "checkpoint.safetensors";
-  for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv"}) {
-    const fs::path p = fs::path(out) / f;
-    RELPOS_CHECK(!fs::exists(p, ec), p.string() << ": the output folder holds an earlier run's results; "
-                                                << (fs::exists(ckpt, ec) ? "continue it with --resume " + ckpt.string() + ", "
-                                                                         : std::string())
-                                                << "give another folder (-o), or add --overwrite to replace them");
-  }
-}
 
 // The model a new run starts from: trained weights (--init, or a weights file given as --config)
 // or a config's random weights.
@@ -103,7 +87,6 @@ void run(TrainArgs a) {
   if (!a.resume.empty() && a.lr_given) a.opt.extend_lr = a.opt.lr;  // the extension's starting rate
   RELPOS_CHECK(!a.config.empty() || !a.resume.empty() || !a.init.empty(),
                "give --config (a new run), --init (fine-tuning) or --resume (a checkpoint)");
-  if (rank0 && a.resume.empty() && !a.overwrite) check_fresh_output(a.opt.out);  // rank 0 writes the results
   Model model = a.resume.empty() ? starting_model(a, device) : load_checkpoint_model(a.resume);
   model.to(device);
   if (rank0 && a.resume.empty())
@@ -222,7 +205,7 @@ void register_train(CLI::App& app) {
   sub->add_option("-o,--out", a->opt.out,
                   "Output folder (a new run refuses one that holds an earlier run's checkpoint, model.json or log.csv)")
       ->capture_default_str();
-  sub->add_flag("--overwrite", a->overwrite, "Let a new run replace an earlier run's results in the output folder");
+  sub->add_flag("--overwrite", a->opt.overwrite, "Let a new run replace an earlier run's results in the output folder");
   sub->add_option("--save", a->opt.save,
                   "Also write the trained model (relpos weights JSON) here; remembered by --resume");
   sub->add_option("--workers", a->opt.workers, "Data loader threads")
