@@ -448,10 +448,20 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   CHECK(r.out.find("could be read") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir.file("q.json")));
 
+  // a folder holding only a broken link names it
+  std::filesystem::create_directories(dir.file("links"));
+  std::filesystem::create_symlink(dir.file("gone.png"), dir.file("links/a.png"));
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("links") + " -o " + dir.file("q.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.file("links/a.png") + ": broken symbolic link") != std::string::npos);
+
   relpos::test::make_pattern_dataset(dir.file("pat"), 4, 1);
+  std::filesystem::create_symlink(dir.file("gone.png"), dir.file("pat/lost.png"));  // skipped, and said so
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -n 8 -o " + dir.file("q.json") +
               " --keep-float stem --sensitivity-images 2");
   REQUIRE(r.status == 0);
+  CHECK(r.out.find("skipped calibration image " + dir.file("pat/lost.png") + ": broken symbolic link") !=
+        std::string::npos);
   CHECK(r.out.find("stages.1.1.self_attn.qkv") != std::string::npos);
   CHECK(r.out.find("sensitivity") != std::string::npos);
   // an int8 model cannot be quantized again

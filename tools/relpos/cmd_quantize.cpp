@@ -50,7 +50,9 @@ std::vector<Tensor> calibration_batches(const QuantizeArgs& a, const Model& mode
     std::vector<std::pair<std::string, std::string>> errors;
     const std::vector<std::string> files = expand_inputs({a.calib}, errors);
     RELPOS_CHECK(!files.empty(), "--calib " << a.calib << ": "
-                                            << (errors.empty() ? "no images" : errors.front().second));
+                                            << (errors.empty() ? "no images"
+                                                               : errors.front().first + ": " + errors.front().second));
+    for (const auto& [path, why] : errors) std::cerr << "relpos: skipped calibration image " << path << ": " << why << "\n";
     const std::size_t n = std::min<std::size_t>(files.size(), static_cast<std::size_t>(a.samples));
     for (std::size_t i = 0; i < n; ++i) {
       const std::string& f = files[i * files.size() / n];
