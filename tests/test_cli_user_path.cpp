@@ -255,6 +255,47 @@ TEST_CASE("eval matches class folders to the model's labels by name, not by alph
   CHECK(r.out.find("no folder for class 'Bag'") != std::string::npos);
 }
 
+TEST_CASE("eval --compare pairs the two models' classes by label and runs both at the same input size") {
+  test::TempDir d;
+  make_sample_folders(d.path + "/data");
+  const std::string fm = src("models/botnet-fmnist.json");
+  // the same network with its classes in reverse order: the classifier's rows and the labels
+  Model m = Model::load(fm);
+  Tensor& w = *m.network().find("head.fc.weight")->value;
+  Tensor& b = *m.network().find("head.fc.bias")->value;
+  const std::int64_t n = w.dim(0), k = w.dim(1);
+  const std::vector<float> wv = w.to_vector(), bv = b.to_vector();
+  std::vector<float> rw(wv.size()), rb(bv.size());
+  for (std::int64_t c = 0; c < n; ++c) {
+    std::copy_n(wv.begin() + (n - 1 - c) * k, k, rw.begin() + c * k);
+    rb[static_cast<std::size_t>(c)] = bv[static_cast<std::size_t>(n - 1 - c)];
+  }
+  w.copy_from(Tensor::from_vector(w.shape(), rw));
+  b.copy_from(Tensor::from_vector(b.shape(), rb));
+  std::vector<std::string> labels = m.labels();
+  std::reverse(labels.begin(), labels.end());
+  m.set_labels(labels);
+  m.save_json(d.file("reversed.json"));
+  const auto agreement = [&](const std::string& args) {
+    const auto r = run_cli("eval --json -q -m " + fm + " --data " + d.path + "/data --compare " + args, true);
+    INFO(args << ": " << r.out);
+    REQUIRE(r.status == 0);
+    return json::parse(r.out)["agreement"]["top1"].get<double>();
+  };
+  CHECK(agreement(d.file("reversed.json")) == 1.0);  // by position: 0
+  // a model compared with itself agrees at any size (the second model ran at its own size)
+  CHECK(agreement(fm + " --input-size 32") == 1.0);
+  CHECK(agreement(fm + " --canvas 40") == 1.0);
+  // a class the other model does not know is named, before any work
+  labels[3] = "Socks";
+  m.set_labels(labels);
+  m.save_json(d.file("socks.json"));
+  const auto r = run_cli("eval -q -m " + fm + " --data " + d.path + "/data --compare " + d.file("socks.json"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--compare: " + d.file("socks.json") + "'s class 'Socks' is not one of the model's labels") !=
+        std::string::npos);
+}
+
 TEST_CASE("eval and classify agree on the exit status when images are skipped; each file named once") {
   test::TempDir d;
   make_sample_folders(d.path);

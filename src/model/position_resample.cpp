@@ -94,6 +94,9 @@ Model Model::at_input_size(int height, int width, std::string* note) const {
     RELPOS_CHECK(hw.first >= 1 && hw.second >= 1, old_config.name << ": at " << height << "x" << width << " input, "
                                                                   << prefix << "self_attn would see an empty map");
   Network net(config, 0, /*initialize=*/false);
+  // an int8 model's layers are int8 at the new size too (their weights, scales and folded batch
+  // norms are what the copy below takes by name)
+  if (const std::vector<Int8Layer> int8 = network_.int8_layers(); !int8.empty()) net.set_int8_layers(int8);
   std::ostringstream said;
   int resampled = 0;
   for (const ParamRef& p : net.params()) {

@@ -1,4 +1,5 @@
 // relpos eval: top-1, per-class accuracy and the confusion matrix on a test set.
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -6,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "cli_common.hpp"
 #include "progress_bar.hpp"
@@ -41,6 +43,43 @@ std::pair<int, int> parse_size(const std::string& text) {
   return {h, w};
 }
 
+// A model as eval runs it: loaded, rebuilt for another input size when one is asked for (its position
+// tables resampled when they depend on it: docs/attention.md), the preprocessing flags applied.
+// --compare's model goes through the same steps, so both see the same images at the same size.
+Model eval_model(const ModelOptions& options, const PreprocessOptions& pre, std::optional<std::pair<int, int>> size) {
+  Model model = options.load();
+  if (size && (size->first != model.network().config().input_size[0] ||
+               size->second != model.network().config().input_size[1] || size->first != model.preprocess().height ||
+               size->second != model.preprocess().width)) {
+    std::string note;
+    model = model.at_input_size(size->first, size->second, &note);
+    std::cerr << "relpos: running " << options.model << " at " << size->first << "x" << size->second << " input"
+              << (note.empty() ? "" : "; " + note) << "\n";
+  }
+  pre.apply(model);
+  return model;
+}
+
+// For each class index of `other`, the index of the same class in `model` (--compare): by label when
+// both have labels, else by position when the class counts agree.
+std::vector<int> class_map(const Model& model, const Model& other, const std::string& other_path) {
+  const int n = model.network().config().num_classes, n2 = other.network().config().num_classes;
+  std::vector<int> map(static_cast<std::size_t>(n2));
+  RELPOS_CHECK(n == n2, "--compare: " << other_path << " has " << n2 << " classes, the model " << n);
+  if (model.labels().empty() || other.labels().empty()) {
+    for (int c = 0; c < n2; ++c) map[static_cast<std::size_t>(c)] = c;
+    return map;
+  }
+  for (int c = 0; c < n2; ++c) {
+    const std::string& label = other.labels()[static_cast<std::size_t>(c)];
+    const auto it = std::find(model.labels().begin(), model.labels().end(), label);
+    RELPOS_CHECK(it != model.labels().end(),
+                 "--compare: " << other_path << "'s class '" << label << "' is not one of the model's labels");
+    map[static_cast<std::size_t>(c)] = static_cast<int>(it - model.labels().begin());
+  }
+  return map;
+}
+
 void run(const EvalArgs& a) {
   if (!a.png.empty()) {  // a picture that cannot be written fails now, not after the evaluation
     namespace fs = std::filesystem;
@@ -50,21 +89,19 @@ void run(const EvalArgs& a) {
                                                      << folder.string() << ")");
     RELPOS_CHECK(!fs::is_directory(a.png, ec), a.png << ": is a folder; --png takes a file name");
   }
-  Model model = a.model.load();
-  // Another input size: the model is rebuilt for it, its position tables resampled when they
-  // depend on it (docs/attention.md). --canvas N alone runs the model at N x N.
   std::optional<std::pair<int, int>> size;
   if (!a.input_size.empty()) size = parse_size(a.input_size);
   else if (a.canvas > 0) size = std::make_pair(a.canvas, a.canvas);
-  if (size && (size->first != model.network().config().input_size[0] ||
-               size->second != model.network().config().input_size[1] || size->first != model.preprocess().height ||
-               size->second != model.preprocess().width)) {
-    std::string note;
-    model = model.at_input_size(size->first, size->second, &note);
-    std::cerr << "relpos: running the model at " << size->first << "x" << size->second << " input"
-              << (note.empty() ? "" : "; " + note) << "\n";
+  Model model = eval_model(a.model, a.pre, size);
+  // --compare's model, checked before any work
+  std::optional<Model> m2;
+  std::vector<int> same_class;
+  if (!a.compare.empty()) {
+    ModelOptions other = a.model;
+    other.model = a.compare;
+    m2.emplace(eval_model(other, a.pre, size));
+    same_class = class_map(model, *m2, a.compare);
   }
-  a.pre.apply(model);
   // Class folders are matched to the model's labels by name (docs/datasets.md).
   const auto base = open_dataset(a.data, a.split, model.labels());
   std::optional<CanvasDataset> on_canvas;
@@ -75,20 +112,17 @@ void run(const EvalArgs& a) {
   bar.finish();
   // --compare: the top-1 agreement with another model (an int8 model's float one) on the same images
   double agreement = -1.0;
-  if (!a.compare.empty()) {
-    ModelOptions other = a.model;
-    other.model = a.compare;
-    Model m2 = other.load();
-    a.pre.apply(m2);
+  if (m2) {
     ProgressBar bar2("eval " + a.compare, a.quiet);
     const EvalResult r2 =
-        evaluate(m2, *data, a.batch, [&](std::size_t done, std::size_t total) { bar2.update(done, total); });
+        evaluate(*m2, *data, a.batch, [&](std::size_t done, std::size_t total) { bar2.update(done, total); });
     bar2.finish();
     RELPOS_CHECK(r2.predictions.size() == r.predictions.size(),
                  "--compare: " << a.compare << " scored " << r2.predictions.size() << " images, the model "
                                << r.predictions.size());
     std::size_t same = 0;
-    for (std::size_t i = 0; i < r.predictions.size(); ++i) same += r.predictions[i] == r2.predictions[i];
+    for (std::size_t i = 0; i < r.predictions.size(); ++i)
+      same += r.predictions[i] == same_class[static_cast<std::size_t>(r2.predictions[i])];
     agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
   }
   if (a.json) {
@@ -142,7 +176,8 @@ void register_eval(CLI::App& app) {
   sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--compare", a->compare,
-                  "Also score this model and print the top-1 agreement of the two (e.g. an int8 model and its float one)");
+                  "Also score this model on the same images (at the same --input-size, with the same flags) and print "
+                  "the top-1 agreement of the two, their classes paired by label (e.g. an int8 model and its float one)");
   a->pre.add(sub);
   sub->callback([a] { run(*a); });
 }
