@@ -97,6 +97,25 @@ TEST_CASE("classify follows linked folders and reports a broken link among a fol
   CHECK(r.out.find("1 failed") != std::string::npos);
 }
 
+TEST_CASE("results that cannot be written to standard output make the run fail") {
+  if (!fs::exists("/dev/full")) {
+    MESSAGE("no /dev/full here");
+    return;
+  }
+  // a full disk: every write fails; the exit status said success over a cut-off file
+  TempDir dir;
+  for (const std::string& args : {"classify -m " + tiny() + " " + samples() + " --json -q", "info " + tiny()}) {
+    CAPTURE(args);
+    const int st =
+        std::system((std::string(RELPOS_CLI_PATH) + " " + args + " > /dev/full 2> " + dir.file("err")).c_str());
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 1);
+    std::ifstream in(dir.file("err"));
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(err.find("relpos: error: cannot write the results to standard output") != std::string::npos);
+  }
+}
+
 TEST_CASE("an empty folder is an error, not a silent success") {
   TempDir dir;
   Run r = run("classify --model " + tiny() + " " + dir.path);

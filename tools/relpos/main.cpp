@@ -1,6 +1,9 @@
 // relpos: command-line tool for BoTNet / SASA image models with 2D relative positions.
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "cli_common.hpp"
@@ -24,6 +27,19 @@ std::string usage_line(const CLI::App& app) {
     if (o->get_positional()) line += " " + o->get_name() + (o->get_items_expected_max() > 1 ? "..." : "");
   return line + " (relpos " + cmd->get_name() + " --help for all options)";
 }
+
+// Results that did not reach standard output (a full disk, /dev/full, a closed descriptor) make the
+// run a failure: without this, the exit status said success over a cut-off file.
+int with_output_checked(int status) {
+  errno = 0;
+  std::cout.flush();
+  const bool failed = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  if (!failed) return status;
+  const int err = errno;
+  std::cerr << "relpos: error: cannot write the results to standard output" << (err ? std::string(": ") + std::strerror(err) : "")
+            << "\n";
+  return status != 0 ? status : relpos::cli::kExitFailure;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,7 +62,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success))
+      return with_output_checked(app.exit(e));  // --help, --version
     // A usage error: the message, the usage line, exit 2 (as getopt-style tools do).
     std::cerr << "relpos: error: " << e.what() << "\n" << usage_line(app) << "\n";
     return relpos::cli::kExitUsage;
@@ -55,10 +72,10 @@ int main(int argc, char** argv) {
     return relpos::cli::kExitUsage;
   } catch (const relpos::Error& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
-    return relpos::cli::kExitFailure;
+    return with_output_checked(relpos::cli::kExitFailure);
   } catch (const std::exception& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
-    return relpos::cli::kExitFailure;
+    return with_output_checked(relpos::cli::kExitFailure);
   }
-  return relpos::cli::exit_status();
+  return with_output_checked(relpos::cli::exit_status());
 }
