@@ -143,6 +143,28 @@ TEST_CASE("a hang-up (the terminal gone, stderr a pipe without reader) saves a c
   CHECK(csv_rows(out + "/log.csv") == done + 1);
 }
 
+TEST_CASE("a run started with relative --data and --save resumes from another folder on the same data and file") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/work/data", 8, 2);
+  fs::create_directories(d.path + "/elsewhere");
+  const std::string start = "cd " + d.path + "/work && " + cli() + " train -c " + relpos::test::tiny_rgb_config() +
+                            " --data data -b 16 --threads 1 --epochs 1 --save model.json -o run -q";
+  REQUIRE(sh(start + " > " + d.file("log") + " 2>&1") == 0);
+  fs::remove(d.path + "/work/model.json");
+  // from another folder (which holds a data/ of its own, which must not be taken)
+  relpos::test::make_pattern_dataset(d.path + "/elsewhere/data", 1, 1);
+  const std::string resume = "cd " + d.path + "/elsewhere && " + cli() + " train --resume ../work/run/checkpoint.safetensors -q";
+  REQUIRE(sh(resume + " --epochs 2 > " + d.file("log2") + " 2>&1") == 0);
+  INFO(slurp(d.file("log2")));
+  CHECK(fs::exists(d.path + "/work/model.json"));
+  CHECK_FALSE(fs::exists(d.path + "/elsewhere/model.json"));
+  CHECK(csv_rows(d.path + "/work/run/log.csv") == 2);
+  // data moved away: the checkpoint names the folder it needs
+  fs::rename(d.path + "/work/data", d.path + "/moved");
+  CHECK(sh(resume + " --epochs 3 > " + d.file("log3") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log3")).find("the run's data folder '" + d.path + "/work/data' is not there") != std::string::npos);
+}
+
 TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finishes") {
   TempDir d;
   relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);

@@ -158,6 +158,15 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     }
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
+    std::error_code ec;
+    RELPOS_CHECK(!is_folder_data(opts.data) || fs::is_directory(opts.data, ec),
+                 resume << ": the run's data folder '" << opts.data << "' is not there"
+                        << (fs::path(opts.data).is_relative() ? " (from the current folder)" : ""));
+  } else {
+    // The checkpoint records where the data are and where the model is saved: as absolute paths,
+    // so that a run resumed from another folder reads the same data and saves to the same file.
+    if (is_folder_data(opts.data)) opts.data = fs::absolute(opts.data).lexically_normal().string();
+    if (!opts.save.empty()) opts.save = fs::absolute(opts.save).lexically_normal().string();
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
   opts.processes = dp.size();
