@@ -71,6 +71,46 @@ TEST_CASE("safetensors: a consistent small tensor still loads") {
   CHECK(error_of(safetensors_bytes("[1,1]", 4, 4)).empty());
 }
 
+TEST_CASE("JSON and safetensors headers: a key given twice is an error naming it; a byte-order mark is fine") {
+  // the JSON library keeps the last value of a key given twice, silently
+  const std::string one = "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}";
+  const std::string header = "{\"x\":" + one + ",\"x\":" + one + "}";
+  std::vector<char> b(8 + header.size() + 4, 0);
+  const std::uint64_t hlen = header.size();
+  std::memcpy(b.data(), &hlen, 8);
+  std::memcpy(b.data() + 8, header.data(), header.size());
+  CHECK(error_of(b) == "evil.safetensors: the safetensors header: key 'x' appears twice");
+
+  test::TempDir dir;
+  std::ifstream in(test::source_dir() + "/models/botnet-fmnist.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto write = [&](const std::string& name, const std::string& body) {
+    std::ofstream(dir.file(name), std::ios::binary) << body;
+    return dir.file(name);
+  };
+  // a tensor given twice (docs/formats.md: an error naming the tensor), and the labels
+  const std::size_t t = text.find("\"stem.conv.weight\"");
+  REQUIRE(t != std::string::npos);
+  const std::string tensor = text.substr(t, text.find('}', t) + 1 - t);
+  std::string f = write("t.json", text.substr(0, t) + tensor + ", " + text.substr(t));
+  CHECK_THROWS_WITH_AS(Model::load(f), (f + ": key 'stem.conv.weight' appears twice in 'tensors'").c_str(), Error);
+  const std::size_t l = text.find("\"labels\"");
+  f = write("l.json", text.substr(0, l) + "\"labels\": [\"a\"], " + text.substr(l));
+  CHECK_THROWS_WITH_AS(Model::load(f), (f + ": key 'labels' appears twice").c_str(), Error);
+  // a config's value given twice
+  std::ifstream cin(test::tiny_rgb_config());
+  const std::string config((std::istreambuf_iterator<char>(cin)), std::istreambuf_iterator<char>());
+  const std::size_t n = config.find("\"num_classes\"");
+  f = write("c.json", config.substr(0, n) + "\"num_classes\": 5, " + config.substr(n));
+  CHECK_THROWS_WITH_AS(Model::create(f), doctest::Contains((f + ": key 'num_classes' appears twice").c_str()), Error);
+  // a UTF-8 byte-order mark before a weights file or a config (Windows editors write one)
+  const Model plain = Model::load(test::source_dir() + "/models/botnet-fmnist.json");
+  const Model bom = Model::load(write("bom.json", "\xEF\xBB\xBF" + text));
+  CHECK(test::weights_of(bom) == test::weights_of(plain));
+  CHECK(bom.labels() == plain.labels());
+  CHECK(Model::open(write("bomc.json", "\xEF\xBB\xBF" + config)).network().config().num_classes == 3);
+}
+
 TEST_CASE("Tensor element counts that overflow int64 throw instead of wrapping") {
   CHECK_THROWS_AS(numel_of(Shape{std::int64_t{1} << 32, std::int64_t{1} << 32}), Error);
   CHECK_THROWS_AS(numel_of(Shape{-1, 4}), Error);

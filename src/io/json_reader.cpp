@@ -13,7 +13,7 @@ json read_json_file(const std::string& path) {
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a directory, not a JSON file");
   try {
-    return json::parse(read_file(path));
+    return json::parse(read_file(path), refuse_duplicate_keys<json>(path));
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
   }

@@ -5,16 +5,49 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "relpos/error.hpp"
 
 namespace relpos::detail {
 
-// The file parsed as JSON; errors name the file (missing, a directory, unreadable, not JSON).
+// The file parsed as JSON; errors name the file (missing, a directory, unreadable, not JSON, a key
+// given twice in one object).
 nlohmann::json read_json_file(const std::string& path);
+
+// A parser callback (Json::parse(text, callback)) that refuses a key given twice in one object,
+// naming `where`, the key and the object holding it: the JSON library would keep the last value
+// silently (a tensor, a label list or a config value overridden without a word).
+template <typename Json>
+typename Json::parser_callback_t refuse_duplicate_keys(const std::string& where) {
+  struct Object {
+    std::set<std::string> keys;
+    std::string name;  // the key it is the value of ("" at the top)
+  };
+  struct State {
+    std::vector<Object> objects;
+    std::string last_key;
+  };
+  auto state = std::make_shared<State>();
+  return [state, where](int, typename Json::parse_event_t event, Json& parsed) {
+    State& s = *state;
+    if (event == Json::parse_event_t::object_start) {
+      s.objects.push_back({{}, s.objects.empty() ? std::string() : s.last_key});
+    } else if (event == Json::parse_event_t::object_end) {
+      if (!s.objects.empty()) s.objects.pop_back();
+    } else if (event == Json::parse_event_t::key && !s.objects.empty()) {
+      s.last_key = parsed.template get<std::string>();
+      Object& o = s.objects.back();
+      RELPOS_CHECK(o.keys.insert(s.last_key).second, where << ": key '" << s.last_key << "' appears twice"
+                                                           << (o.name.empty() ? "" : " in '" + o.name + "'"));
+    }
+    return true;
+  };
+}
 
 // A name table for an enum: {{Enum::A, "a"}, {Enum::B, "b"}}. The first name of a value is the one
 // written; later ones are accepted aliases.

@@ -9,6 +9,7 @@
 
 #include "core/checked_math.hpp"
 #include "io/atomic_file.hpp"
+#include "io/json_reader.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -86,7 +87,10 @@ SafetensorsFile SafetensorsFile::parse(std::vector<char> bytes, const std::strin
   f.data_start_ = 8 + hlen;
   nlohmann::ordered_json header;
   try {
-    header = nlohmann::ordered_json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + static_cast<std::ptrdiff_t>(f.data_start_));
+    header = nlohmann::ordered_json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + static_cast<std::ptrdiff_t>(f.data_start_),
+                                           detail::refuse_duplicate_keys<nlohmann::ordered_json>(what + ": the safetensors header"));
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     RELPOS_FAIL(what << ": the safetensors header is not valid JSON (" << e.what() << ")");
   }

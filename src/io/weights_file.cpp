@@ -237,6 +237,12 @@ ModelFileKind model_file_kind(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   RELPOS_CHECK(in, path << ": cannot open the file");
   char c;
+  // a UTF-8 byte-order mark (Windows editors write one) before the JSON
+  char bom[3] = {};
+  if (!(in.read(bom, 3) && bom[0] == '\xEF' && bom[1] == '\xBB' && bom[2] == '\xBF')) {
+    in.clear();
+    in.seekg(0);
+  }
   while (in.get(c)) {
     if (std::isspace(static_cast<unsigned char>(c))) continue;
     if (c != '{') return ModelFileKind::Safetensors;
