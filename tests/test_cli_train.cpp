@@ -165,6 +165,27 @@ TEST_CASE("a run started with relative --data and --save resumes from another fo
   CHECK(slurp(d.file("log3")).find("the run's data folder '" + d.path + "/work/data' is not there") != std::string::npos);
 }
 
+TEST_CASE("a second run into the folder a run is writing is refused, even with --overwrite or --resume") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);
+  const std::string out = d.path + "/run";
+  // the fresh-folder check alone lets two runs started together both write (each sees an empty folder)
+  const std::string script =
+      train_cmd(d, out, 500) + " -q > " + d.file("log") + " 2>&1 & pid=$!; " +
+      "for i in $(seq 1 600); do [ -f " + out + "/checkpoint.safetensors ] && break; sleep 0.05; done; " +
+      train_cmd(d, out, 2) + " --overwrite -q > " + d.file("log2") + " 2>&1; a=$?; " +
+      cli() + " train --resume " + out + "/checkpoint.safetensors -q > " + d.file("log3") + " 2>&1; b=$?; " +
+      "kill -INT $pid; wait $pid; echo $a $b > " + d.file("status");
+  sh(script);
+  CHECK(slurp(d.file("status")) == "1 1\n");
+  for (const char* log : {"log2", "log3"}) {
+    INFO(slurp(d.file(log)));
+    CHECK(slurp(d.file(log)).find(out + ": another training run is writing to this output folder") != std::string::npos);
+  }
+  // once the first run has stopped, the folder is free again
+  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --max-steps 1 -q > /dev/null 2>&1") == 0);
+}
+
 TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finishes") {
   TempDir d;
   relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);

@@ -1,6 +1,8 @@
 // The training loop and evaluation.
 #include "relpos/trainer.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "core/runtime_internal.hpp"
@@ -61,6 +64,27 @@ void check_fresh_output(const std::string& out) {
                                                    "(TrainOptions::out, TrainOptions::overwrite)");
   }
 }
+
+// Holds the output folder for one run: two runs writing one folder at once would replace each
+// other's checkpoints, logs and models, and the fresh-folder check cannot see a run that has not
+// written yet. An advisory lock on the folder itself (flock), let go when the run ends or dies.
+class OutputFolderLock {
+ public:
+  explicit OutputFolderLock(const std::string& folder) : fd_(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    RELPOS_CHECK(fd_ >= 0, folder << ": cannot open the output folder");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      RELPOS_FAIL(folder << ": another training run is writing to this output folder; give this one another "
+                            "folder (-o, TrainOptions::out)");
+    }
+  }
+  ~OutputFolderLock() { ::close(fd_); }
+  OutputFolderLock(const OutputFolderLock&) = delete;
+  OutputFolderLock& operator=(const OutputFolderLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 int argmax(const float* row, std::int64_t n) { return static_cast<int>(std::max_element(row, row + n) - row); }
 
@@ -180,11 +204,13 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   // Every output path is checked before any work, so a run never fails at its end for a bad path.
   // Rank 0 alone writes (checkpoint, log, curves, model).
   std::error_code ec;
+  std::optional<OutputFolderLock> folder_lock;  // held until train() returns
   if (dp.writer()) {
     fs::create_directories(opts.out, ec);
     RELPOS_CHECK(!ec && fs::is_directory(opts.out), opts.out << ": cannot create the output folder ("
                                                              << (ec ? ec.message() : "not a folder") << ")");
     check_writable_folder(opts.out, "the output folder");
+    folder_lock.emplace(opts.out);  // before the check: a run that starts after this one sees it
     if (!ck && !opts.overwrite) check_fresh_output(opts.out);
     if (!opts.save.empty()) {
       const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
