@@ -225,6 +225,19 @@ TEST_CASE("a model built at one input size runs at another") {
   }
 }
 
+TEST_CASE("a stride-2 attention block on an odd map is an error naming the input size and the block") {
+  // 10x10 input: the stem's stride 2 leaves 5x5, which the attention's 2x2 pool takes to 2x2 and the
+  // stride-2 shortcut to 3x3 (timm's BoTNet cannot add them either)
+  const std::string want = "resize-test: at 10x10 input, stages.1.0 gets a 5x5 map, which its body takes to 2x2 and "
+                           "its shortcut to 3x3: a stride-2 attention block needs even sides";
+  CHECK_THROWS_WITH_AS(Network(small_config(PosEncoding::Relative, 2, 10), 1), want.c_str(), Error);
+  // a size-agnostic model built at 12x12 is told so at the odd size, before any op runs
+  const Model m = small_model(PosEncoding::Relative, 2, 12);
+  CHECK_THROWS_WITH_AS(m.logits(input(10, 1)), want.c_str(), Error);
+  CHECK_THROWS_WITH_AS(m.at_input_size(10, 10), want.c_str(), Error);
+  CHECK(m.logits(input(20, 1)).shape() == Shape{2, 3});  // even sides run
+}
+
 TEST_CASE("command line: --canvas and --input-size are checked") {
   const std::string config = std::string(RELPOS_SOURCE_DIR) + "/models/exp_rel.json";
   test::TempDir dir;

@@ -209,10 +209,16 @@ void ResidualBlock::release_saved() {
 }
 
 Shape ResidualBlock::summarize(const std::string& p, const Shape& in, std::vector<LayerRow>* rows) const {
-  if (shortcut_) shortcut_->summarize(p + "shortcut.", in, rows);
+  const Shape sc = shortcut_ ? shortcut_->summarize(p + "shortcut.", in, rows) : in;
   Shape s = conv1_->summarize(p + "conv1_1x1.", in, rows);
   for (auto& [name, m] : body()) s = m->summarize(p + name + ".", s, rows);
-  return conv3_->summarize(p + "conv3_1x1.", s, rows);
+  s = conv3_->summarize(p + "conv3_1x1.", s, rows);
+  // a stride-2 attention pools 2x2 (an odd side rounds down) where a stride-2 shortcut rounds up
+  RELPOS_CHECK(sc[2] == s[2] && sc[3] == s[3],
+               p.substr(0, p.size() - 1) << " gets a " << in[2] << "x" << in[3] << " map, which its body takes to "
+                                         << s[2] << "x" << s[3] << " and its shortcut to " << sc[2] << "x" << sc[3]
+                                         << ": a stride-2 attention block needs even sides");
+  return s;
 }
 
 }  // namespace relpos

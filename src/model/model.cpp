@@ -117,6 +117,16 @@ std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
 namespace {
 // The model a file describes, with its labels and preprocessing (the config's defaults where it has
 // none); labels or preprocessing that do not fit the network are errors naming the file.
+// The network a file's config builds; an error (a network too large, a block that cannot take its
+// map) names the file.
+Network network_of_file(const std::string& path, const ModelConfig& config, std::uint32_t seed, bool initialize) {
+  try {
+    return Network(config, seed, initialize);
+  } catch (const Error& e) {
+    RELPOS_FAIL(path << ": " << e.what());
+  }
+}
+
 Model model_of_file(const std::string& path, Network net, detail::ModelFile& fc) {
   const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
   try {
@@ -129,7 +139,7 @@ Model model_of_file(const std::string& path, Network net, detail::ModelFile& fc)
 
 Model Model::load(const std::string& path, const LoadOptions& options) {
   detail::ModelFile fc = detail::read_weights_file(path, options.config);
-  Network net(fc.config, 0, /*initialize=*/false);
+  Network net = network_of_file(path, fc.config, 0, /*initialize=*/false);
   if (!fc.int8_layers.empty()) {
     RELPOS_CHECK(options.device == Device::CPU, path << ": an int8 model runs on the CPU only");
     try {
@@ -146,7 +156,7 @@ Model Model::load(const std::string& path, const LoadOptions& options) {
 
 Model Model::create(const std::string& config, std::uint32_t seed) {
   detail::ModelFile fc = detail::read_config_file(config);
-  return model_of_file(config, Network(fc.config, seed), fc);
+  return model_of_file(config, network_of_file(config, fc.config, seed, /*initialize=*/true), fc);
 }
 
 Model Model::open(const std::string& path_or_name, const LoadOptions& options) {

@@ -1,6 +1,8 @@
 #include "relpos/network.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <tuple>
 
@@ -25,6 +27,25 @@ struct Network::Impl {
   std::size_t head_first = 0;
   Device device = Device::CPU;
   bool prepared = false;
+  // the last input size whose feature maps every block takes ((h << 32) | w; 0: none yet)
+  mutable std::atomic<std::uint64_t> sizes_checked{0};
+
+  // Walks the layers' shapes at an h x w input: a block whose two paths disagree (a stride-2
+  // attention on an odd map) is an error naming the config, the input size and the block, before
+  // any op fails in the middle of a forward pass.
+  void check_map_sizes(std::int64_t h, std::int64_t w) const {
+    const std::uint64_t key = (static_cast<std::uint64_t>(h) << 32) | static_cast<std::uint64_t>(w);
+    if (sizes_checked.load(std::memory_order_relaxed) == key) return;
+    try {
+      Shape s = stem->summarize("stem.", {1, config.in_chans, h, w}, nullptr);
+      for (std::size_t i = 0; i < stages.size(); ++i)
+        for (std::size_t j = 0; j < stages[i].size(); ++j)
+          s = stages[i][j]->summarize(block_names[i][j] + ".", s, nullptr);
+    } catch (const Error& e) {
+      RELPOS_FAIL(config.name << ": at " << h << "x" << w << " input, " << e.what());
+    }
+    sizes_checked.store(key, std::memory_order_relaxed);
+  }
 
   std::unique_ptr<ResidualBlock> make_block(const BlockConfig& b, const StageConfig& st, int in, int feat_h,
                                             int feat_w, const std::string& where) const {
@@ -91,6 +112,7 @@ struct Network::Impl {
                    config.name << " takes " << config.input_size[0] << "x" << config.input_size[1]
                                << " input (its position tables fix the feature size), got " << x.dim(2) << "x" << x.dim(3));
     RELPOS_CHECK(prepared || !need_prepared, "internal: prepare_inference() was not called after the weights changed");
+    check_map_sizes(x.dim(2), x.dim(3));
   }
 };
 
@@ -116,6 +138,7 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
     m.stages.push_back(std::move(blocks));
   }
   m.head = std::make_unique<ClassifierHead>(prev, config.num_classes);
+  m.check_map_sizes(config.input_size[0], config.input_size[1]);
 
   m.collect_params();
 
