@@ -149,6 +149,17 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
            r.out.find("must not be negative, got -1") != std::string::npos));
     CHECK(r.out.find("000000000") == std::string::npos);
   }
+  // training's fractions and counts (accepted silently, or refused only after the model loaded)
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--smoothing 2", "--smoothing: must be from 0 to below 1, got 2"},
+           {"--erase 5", "--erase: must be from 0 to 1, got 5"},
+           {"--warmup -1", "--warmup: must not be negative, got -1"},
+           {"--pad -3", "--pad: must not be negative, got -3"}}) {
+    r = run("train -c fmnist_conv " + flags);
+    INFO(flags << ": " << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(says) != std::string::npos);
+  }
   // eval --png into a folder that is not there fails before the evaluation, naming the file
   r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
   CHECK(r.status == 1);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <mutex>
 
 #include "relpos/data.hpp"
@@ -16,6 +18,7 @@
 #include "relpos/ops.hpp"
 #include "relpos/optim.hpp"
 #include "relpos/runtime.hpp"
+#include "relpos/safetensors.hpp"
 #include "relpos/trainer.hpp"
 #include "test_util.hpp"
 
@@ -441,6 +444,45 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
   Model resumed = Model::create(test::tiny_rgb_config(), 5);
   train(resumed, small_run(data, dir.path + "/part"), dir.path + "/part/checkpoint.safetensors");
   CHECK(weights_of(resumed) == weights_of(full));
+}
+
+TEST_CASE("a checkpoint with missing or impossible progress is an error naming the file and the entry") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 8, 2);
+  TrainOptions o = small_run(dir.path + "/data", dir.path + "/run");
+  o.epochs = 1;
+  Model m = Model::create(test::tiny_rgb_config(), 5);
+  train(m, o);
+  const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
+  const SafetensorsFile f = SafetensorsFile::read(ckpt);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
+  const auto damaged = [&](const std::string& name, const std::function<void(std::map<std::string, std::string>&)>& edit) {
+    std::map<std::string, std::string> meta = f.metadata();
+    edit(meta);
+    const std::string path = dir.file(name);
+    write_safetensors(path, tensors, meta);
+    return path;
+  };
+  // a missing entry said "map::at"
+  std::string p = damaged("a.safetensors", [](auto& meta) { meta.erase("relpos.progress"); });
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), (p + ": damaged checkpoint: no 'relpos.progress' in its metadata").c_str(),
+                       Error);
+  const auto with_progress = [&](const std::string& name, const std::string& key, const nlohmann::json& value) {
+    return damaged(name, [&](auto& meta) {
+      nlohmann::json pj = nlohmann::json::parse(meta.at("relpos.progress"));
+      pj[key] = value;
+      meta["relpos.progress"] = pj.dump();
+    });
+  };
+  p = with_progress("b.safetensors", "epoch", -5);
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains((p + ": damaged checkpoint: progress epoch -5").c_str()),
+                       Error);
+  // a batch beyond the epoch's end is found when the run resumes on its data
+  p = with_progress("c.safetensors", "batch_in_epoch", 1000000000);
+  Model r = Model::create(test::tiny_rgb_config(), 5);
+  CHECK_THROWS_WITH_AS(train(r, o, p), doctest::Contains((p + ": the checkpoint stands at batch 1000000000").c_str()),
+                       Error);
 }
 
 TEST_CASE("training options from an older checkpoint without newer keys load with their defaults") {

@@ -277,7 +277,13 @@ ModelConfig::Estimate ModelConfig::estimate() const {
 
 void ModelConfig::check_memory() const {
   const char* env = std::getenv("RELPOS_MAX_MODEL_GB");
-  const double limit_gb = env ? std::atof(env) : 16.0;
+  double limit_gb = 16.0;
+  if (env) {
+    char* end = nullptr;
+    limit_gb = std::strtod(env, &end);
+    RELPOS_CHECK(end != env && *end == '\0' && std::isfinite(limit_gb) && limit_gb > 0,
+                 "RELPOS_MAX_MODEL_GB must be a positive number of GiB, got '" << env << "'");
+  }
   const Estimate e = estimate();
   const double gib = 1024.0 * 1024.0 * 1024.0;
   RELPOS_CHECK(e.total_bytes() <= limit_gb * gib,

@@ -170,12 +170,17 @@ Checkpoint load_checkpoint(const std::string& path) {
   RELPOS_CHECK(meta.count("relpos.format") && meta.at("relpos.format") == "relpos-checkpoint",
                path << ": not a relpos training checkpoint");
   Checkpoint c;
+  const auto entry = [&](const std::string& key) -> const std::string& {
+    const auto it = meta.find(key);
+    RELPOS_CHECK(it != meta.end(), path << ": damaged checkpoint: no '" << key << "' in its metadata");
+    return it->second;
+  };
   try {
-    const ModelConfig config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
-    const auto labels = json::parse(meta.at("relpos.labels")).get<std::vector<std::string>>();
-    const Preprocess pre = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(config));
-    c.options = TrainOptions::from_json(json::parse(meta.at("relpos.train_options")));
-    const json pj = json::parse(meta.at("relpos.progress"));
+    const ModelConfig config = ModelConfig::from_json(json::parse(entry("relpos.config")));
+    const auto labels = json::parse(entry("relpos.labels")).get<std::vector<std::string>>();
+    const Preprocess pre = Preprocess::from_json(json::parse(entry("relpos.preprocess")), default_preprocess(config));
+    c.options = TrainOptions::from_json(json::parse(entry("relpos.train_options")));
+    const json pj = json::parse(entry("relpos.progress"));
     c.progress.epoch = pj.at("epoch").get<int>();
     c.progress.batch_in_epoch = pj.at("batch_in_epoch").get<std::size_t>();
     c.progress.step = pj.at("step").get<long>();
@@ -190,6 +195,10 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.progress.best_epoch = pj.value("best_epoch", 0);
     c.progress.best_val_acc = pj.value("best_val_acc", -1.0);
     if (pj.contains("lr_segments")) c.progress.lr_segments = lr_segments_from(pj.at("lr_segments"));
+    RELPOS_CHECK(c.progress.epoch >= 0 && c.progress.step >= 0 && c.optimizer_steps >= 0 &&
+                     std::isfinite(c.progress.seconds) && std::isfinite(c.progress.run_seconds),
+                 path << ": damaged checkpoint: progress epoch " << c.progress.epoch << ", step " << c.progress.step
+                      << ", optimizer steps " << c.optimizer_steps);
     std::vector<std::pair<std::string, Tensor>> weights;
     for (const auto& e : f.entries()) {
       if (e.name.rfind("model.", 0) == 0) weights.emplace_back(e.name.substr(6), f.tensor(e.name));
@@ -201,6 +210,10 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.model.emplace(std::move(net), labels, pre);
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": damaged checkpoint metadata (" << e.what() << ")");
+  } catch (const Error& e) {  // a config, option or tensor the checkpoint holds: named with the file
+    const std::string what = e.what();
+    if (what.rfind(path, 0) == 0) throw;
+    RELPOS_FAIL(path << ": " << what);
   }
   return c;
 }

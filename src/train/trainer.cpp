@@ -321,6 +321,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                          << dp.size() << " x " << opts.batch << ")");
   DataLoader loader(*train_data, model.preprocess(), lo);
   const std::size_t per_epoch = loader.batches_per_epoch();
+  RELPOS_CHECK(!ck || prog.batch_in_epoch <= per_epoch,
+               resume << ": the checkpoint stands at batch " << prog.batch_in_epoch << " of an epoch of " << per_epoch
+                      << " batches (damaged, or the data changed)");
   // The schedule the run was planned with, then its extensions (docs/training.md).
   const int planned_epochs = ck ? ck->options.epochs : opts.epochs;
   detail::LrPlan sched;

@@ -14,26 +14,48 @@ namespace relpos::cli {
 namespace fs = std::filesystem;
 
 namespace {
+// The flag's text as a finite number, or an error message in `error`.
+double number_of(const std::string& text, std::string& error) {
+  double v = 0.0;
+  std::size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v)) error = "must be a number, got '" + text + "'";
+  return v;
+}
+
 CLI::Validator number_check(bool zero_ok) {
   return CLI::Validator(
       [zero_ok](std::string& text) -> std::string {
-        double v = 0.0;
-        std::size_t used = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size() || !std::isfinite(v)) return "must be a number, got '" + text + "'";
+        std::string error;
+        const double v = number_of(text, error);
+        if (!error.empty()) return error;
         if (zero_ok ? v < 0.0 : v <= 0.0)
           return std::string(zero_ok ? "must not be negative" : "must be positive") + ", got " + text;
         return std::string();
       },
       zero_ok ? "NONNEGATIVE" : "POSITIVE");
 }
+
+CLI::Validator fraction_check(bool one_ok) {
+  return CLI::Validator(
+      [one_ok](std::string& text) -> std::string {
+        std::string error;
+        const double v = number_of(text, error);
+        if (!error.empty()) return error;
+        if (v < 0.0 || (one_ok ? v > 1.0 : v >= 1.0))
+          return std::string("must be from 0 to ") + (one_ok ? "1" : "below 1") + ", got " + text;
+        return std::string();
+      },
+      one_ok ? "0..1" : "0..<1");
+}
 }  // namespace
 
 const CLI::Validator kPositive = number_check(false), kNonNegative = number_check(true);
+const CLI::Validator kProbability = fraction_check(true), kFraction = fraction_check(false);
 
 void RunOptions::add(CLI::App* app) {
   app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));

@@ -37,6 +37,8 @@ class UsageError : public Error {
 // PositiveNumber and NonNegativeNumber print their range as 0.000000 to a 309-digit number. A whole
 // number of at least 1 takes at_least_one (below).
 extern const CLI::Validator kPositive, kNonNegative;
+// 0 to 1 (a probability), and 0 to below 1 (label smoothing).
+extern const CLI::Validator kProbability, kFraction;
 
 // --device / --threads (every command that runs a model)
 struct RunOptions {

@@ -178,7 +178,7 @@ void register_train(CLI::App& app) {
   sub->add_option("--min-lr", a->opt.min_lr, "Learning rate at the end of the cosine")
       ->check(kNonNegative)
       ->capture_default_str();
-  sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->capture_default_str();
+  sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->check(kNonNegative)->capture_default_str();
   sub->add_option("--opt", a->opt.optimizer.kind, "sgd or adamw")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, OptimizerKind>{{"sgd", OptimizerKind::SGD}, {"adamw", OptimizerKind::AdamW}}))
@@ -186,10 +186,10 @@ void register_train(CLI::App& app) {
   sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->check(kNonNegative)->capture_default_str();
   sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
   sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->check(kNonNegative)->capture_default_str();
-  sub->add_option("--smoothing", a->opt.label_smoothing, "Label smoothing")->capture_default_str();
-  sub->add_option("--pad", a->opt.augment.pad, "Random-crop padding in pixels (0: off)")->capture_default_str();
+  sub->add_option("--smoothing", a->opt.label_smoothing, "Label smoothing")->check(kFraction)->capture_default_str();
+  sub->add_option("--pad", a->opt.augment.pad, "Random-crop padding in pixels (0: off)")->check(kNonNegative)->capture_default_str();
   sub->add_flag("--no-flip", a->no_flip, "No random horizontal flips");
-  sub->add_option("--erase", a->opt.augment.erase_prob, "Random-erasing probability")->capture_default_str();
+  sub->add_option("--erase", a->opt.augment.erase_prob, "Random-erasing probability")->check(kProbability)->capture_default_str();
   sub->add_option("--canvas", a->opt.augment.canvas,
                   "Translation data: place each image at a random position (per epoch and image, seeded) on a black "
                   "N x N canvas before preprocessing; validation and test images at positions fixed per image. The "

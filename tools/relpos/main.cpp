@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <new>
 
 #include "cli_common.hpp"
 #include "relpos/error.hpp"
@@ -72,6 +73,9 @@ int main(int argc, char** argv) {
     return relpos::cli::kExitUsage;
   } catch (const relpos::Error& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
+    return with_output_checked(relpos::cli::kExitFailure);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "relpos: error: out of memory (a batch, an image or a size too large for this machine?)\n";
     return with_output_checked(relpos::cli::kExitFailure);
   } catch (const std::exception& e) {
     std::cerr << "relpos: error: " << e.what() << "\n";
