@@ -149,6 +149,19 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
            r.out.find("must not be negative, got -1") != std::string::npos));
     CHECK(r.out.find("000000000") == std::string::npos);
   }
+  // a labels file names itself once; an empty file argument is shown as ''; explain -o onto a file
+  std::ofstream(dir.file("empty_labels.txt")) << "\n";
+  r = run("classify --model " + tiny() + " --labels " + dir.file("empty_labels.txt") + " " + samples());
+  CHECK(r.status == 1);
+  CHECK(r.out.find("error: " + dir.file("empty_labels.txt") + ": no labels in the file") != std::string::npos);
+  r = run("classify --model " + tiny() + " '' " + samples() + "/bag_00018.png");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("skipped '': no such file or folder") != std::string::npos);
+  std::ofstream(dir.file("a_file")) << "x";
+  r = run("explain -m " + relpos::test::source_dir() + "/models/botnet-fmnist.json " + samples() + "/bag_00018.png -o " + dir.file("a_file"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.file("a_file") + ": cannot make the output folder (a file of that name is there)") !=
+        std::string::npos);
   // training's fractions and counts (accepted silently, or refused only after the model loaded)
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--smoothing 2", "--smoothing: must be from 0 to below 1, got 2"},

@@ -211,7 +211,7 @@ Preprocess default_preprocess(const ModelConfig& config) {
 
 std::vector<std::string> read_labels(const std::string& path) {
   std::ifstream in(path);
-  RELPOS_CHECK(in, "cannot open labels file '" << path << "'");
+  RELPOS_CHECK(in, path << ": cannot open the labels file");
   std::vector<std::string> out;
   std::string line;
   while (std::getline(in, line)) {

@@ -230,8 +230,9 @@ void PreprocessOptions::apply(Model& model) const {
   if (tta) p.tta = parse_tta(*tta);
   model.set_preprocess(p);
   if (!labels.empty()) {
+    const std::vector<std::string> read = read_labels(labels);  // its errors name the file
     try {
-      model.set_labels(read_labels(labels));
+      model.set_labels(read);
     } catch (const Error& e) {
       RELPOS_FAIL(labels << ": " << e.what());
     }
@@ -286,7 +287,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs,
     } else if (fs::exists(in, ec)) {
       files.push_back(in);
     } else {
-      errors.emplace_back(in, "no such file or folder");
+      errors.emplace_back(in.empty() ? "''" : in, "no such file or folder");
     }
   }
   return files;

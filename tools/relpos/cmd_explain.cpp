@@ -176,7 +176,11 @@ void run(const ExplainArgs& a) {
                                                      << m.heads() - 1 << ")");
   }
 
-  fs::create_directories(a.out);
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  RELPOS_CHECK(fs::is_directory(a.out, ec),
+               a.out << ": cannot make the output folder (" << (fs::exists(a.out) ? "a file of that name is there" : ec.message())
+                     << ")");
   const cv::Mat view = network_view(image, model.preprocess());
   const std::string image_name = fs::path(a.image).filename().string();
   const Prediction top = model.classify(image, 1).front();
