@@ -257,15 +257,24 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   r = run("bench --attention 6 9 --sasa 3 --dim 8 --heads 2 --batch 2 --iters 1 --warmup 0 --backward");
   CHECK(r.status == 0);
   CHECK(r.out.find("sasa_attention fwd+bwd 3x3 6x9 d8 heads2 batch 2") != std::string::npos);
+  // what the flags ask for cannot be: usage errors (exit 2)
   r = run("bench --attention 6 9 --sasa 4 --dim 8 --iters 1");  // an even window
-  CHECK(r.status == 1);
+  CHECK(r.status == 2);
   CHECK(r.out.find("odd window") != std::string::npos);
   r = run("bench --attention 6 9 --sasa 3 --dim 7 --iters 1");  // dqk must split in halves
-  CHECK(r.status == 1);
+  CHECK(r.status == 2);
   CHECK(r.out.find("--dim must be even") != std::string::npos);
+  r = run("bench --attention 0 0 --iters 1");
+  CHECK(r.status == 2);
+  r = run("bench -m fmnist_conv --attention 7 7 --iters 1");  // the model was ignored
+  CHECK(r.status == 2);
+  CHECK(r.out.find("it takes no --model") != std::string::npos);
   r = run("bench --iters 1");
-  CHECK(r.status == 1);
+  CHECK(r.status == 2);
   CHECK(r.out.find("--model is required") != std::string::npos);
+  r = run("bench -m fmnist_conv --sasa 3 --iters 1");  // was ignored
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--sasa times the SASA op alone") != std::string::npos);
 }
 
 TEST_CASE("bench --paired-with times two models run by run and compares their multiply-adds per second") {

@@ -121,8 +121,8 @@ std::vector<double> time_attention(const BenchArgs& a, const Forward& forward, c
 void run_sasa_attention(const BenchArgs& a, Device dev, int h, int w) {
   SasaSpec spec;
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim, spec.kernel = a.sasa;
-  RELPOS_CHECK(a.dim % 2 == 0, "--dim must be even for SASA (its row and column tables take half each)");
-  RELPOS_CHECK(a.sasa % 2 == 1, "--sasa takes an odd window size, got " << a.sasa);
+  RELPOS_USAGE_CHECK(a.dim % 2 == 0, "--dim must be even for SASA (its row and column tables take half each)");
+  RELPOS_USAGE_CHECK(a.sasa % 2 == 1, "--sasa takes an odd window size, got " << a.sasa);
   const Tensor qkv = random_tensor({a.batch, spec.channels_qkv(), h, w}, 1).channels_last().to(dev);
   const Tensor rr = random_tensor({a.sasa, a.dim / 2}, 2).to(dev), rc = random_tensor({a.sasa, a.dim / 2}, 3).to(dev);
   const Tensor dout = random_tensor({a.batch, spec.channels_out(), h, w}, 4).channels_last().to(dev);
@@ -136,10 +136,10 @@ void run_sasa_attention(const BenchArgs& a, Device dev, int h, int w) {
 }
 
 void run_attention(const BenchArgs& a) {
-  RELPOS_CHECK(a.attention.size() == 2, "--attention takes the map height and width");
+  RELPOS_USAGE_CHECK(a.attention.size() == 2, "--attention takes the map height and width");
   const Device dev = a.model.run.apply();
   const int h = a.attention[0], w = a.attention[1];
-  RELPOS_CHECK(h > 0 && w > 0 && a.heads > 0 && a.dim > 0, "--attention, --heads and --dim must be positive");
+  RELPOS_USAGE_CHECK(h > 0 && w > 0 && a.heads > 0 && a.dim > 0, "--attention, --heads and --dim must be positive");
   if (a.sasa > 0) return run_sasa_attention(a, dev, h, w);
   BotAttnSpec spec;
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
@@ -320,8 +320,11 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
 
 void run(const BenchArgs& a) {
   set_allow_tf32(a.tf32);
+  RELPOS_USAGE_CHECK(a.attention.empty() || a.model.model.empty(),
+                     "--attention times the attention op alone, on random inputs: it takes no --model");
   if (!a.attention.empty()) return run_attention(a);
-  RELPOS_CHECK(!a.model.model.empty(), "--model is required (or --attention H W)");
+  RELPOS_USAGE_CHECK(!a.model.model.empty(), "--model is required (or --attention H W)");
+  RELPOS_USAGE_CHECK(a.sasa == 0, "--sasa times the SASA op alone: give it with --attention H W");
   RELPOS_USAGE_CHECK(a.paired_with.empty() || (!a.train && !a.profile && a.save_logits.empty()),
                      "--paired-with times inference only: it takes no --train, --profile or --save-logits");
   RELPOS_USAGE_CHECK(!a.paired_with.empty() || (a.paired_config.empty() && a.paired_input.empty()),
