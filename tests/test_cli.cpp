@@ -162,6 +162,10 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   CHECK(r.status == 1);
   CHECK(r.out.find(dir.file("a_file") + ": cannot make the output folder (a file of that name is there)") !=
         std::string::npos);
+  // a channel order for a grayscale model was ignored silently
+  r = run("classify -m " + relpos::test::source_dir() + "/models/botnet-fmnist.json --rgb " + samples() + "/bag_00018.png");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--rgb: the model takes grayscale input") != std::string::npos);
   // training's fractions and counts (accepted silently, or refused only after the model loaded)
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--smoothing 2", "--smoothing: must be from 0 to below 1, got 2"},

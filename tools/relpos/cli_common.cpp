@@ -188,7 +188,10 @@ void PreprocessOptions::add(CLI::App* app) {
 
 void PreprocessOptions::apply(Model& model) const {
   Preprocess p = model.preprocess();
-  if (rgb && p.channels != ChannelOrder::Gray) p.channels = *rgb ? ChannelOrder::RGB : ChannelOrder::BGR;
+  RELPOS_USAGE_CHECK(!rgb || p.channels != ChannelOrder::Gray,
+                     (*rgb ? "--rgb" : "--bgr") << ": the model takes grayscale input (one channel), which has no "
+                                                   "channel order");
+  if (rgb) p.channels = *rgb ? ChannelOrder::RGB : ChannelOrder::BGR;
   const std::vector<float> mean_v = per_channel(mean, "--mean", p.in_chans());
   const std::vector<float> std_v = per_channel(std, "--std", p.in_chans());
   if (width) p.width = *width;

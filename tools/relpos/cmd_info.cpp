@@ -1,4 +1,5 @@
 // relpos info: layers, parameters and multiply-adds of a model.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -32,10 +33,16 @@ void run(const InfoArgs& a) {
             << c.num_classes << " classes" << (c.fixed_input_size() ? " (fixed input size)" : " (any input size)")
             << "\n";
   if (a.layers) {
-    std::cout << std::left << std::setw(40) << "layer" << std::setw(34) << "kind" << std::setw(16) << "output"
+    // columns as wide as their longest entry needs, with two spaces between (an int8 layer's kind is long)
+    int name_w = 40, kind_w = 34;
+    for (const auto& r : rows) {
+      name_w = std::max(name_w, static_cast<int>(r.name.size()) + 2);
+      kind_w = std::max(kind_w, static_cast<int>(r.kind.size()) + 2);
+    }
+    std::cout << std::left << std::setw(name_w) << "layer" << std::setw(kind_w) << "kind" << std::setw(16) << "output"
               << std::right << std::setw(12) << "params" << std::setw(12) << "MMACs" << "\n";
     for (const auto& r : rows)
-      std::cout << std::left << std::setw(40) << r.name << std::setw(34) << r.kind << std::setw(16)
+      std::cout << std::left << std::setw(name_w) << r.name << std::setw(kind_w) << r.kind << std::setw(16)
                 << shape_str(r.out_shape) << std::right << std::setw(12) << r.params << std::setw(12) << std::fixed
                 << std::setprecision(2) << static_cast<double>(r.macs) / 1e6 << "\n";
   }
