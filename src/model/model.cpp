@@ -115,8 +115,6 @@ std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
 }
 
 namespace {
-// The model a file describes, with its labels and preprocessing (the config's defaults where it has
-// none); labels or preprocessing that do not fit the network are errors naming the file.
 // The network a file's config builds; an error (a network too large, a block that cannot take its
 // map) names the file.
 Network network_of_file(const std::string& path, const ModelConfig& config, std::uint32_t seed, bool initialize) {
@@ -127,6 +125,8 @@ Network network_of_file(const std::string& path, const ModelConfig& config, std:
   }
 }
 
+// The model a file describes, with its labels and preprocessing (the config's defaults where it has
+// none); labels or preprocessing that do not fit the network are errors naming the file.
 Model model_of_file(const std::string& path, Network net, detail::ModelFile& fc) {
   const Preprocess pre = fc.preprocess ? *fc.preprocess : default_preprocess(fc.config);
   try {
