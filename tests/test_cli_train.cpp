@@ -40,6 +40,18 @@ int csv_rows(const std::string& path) {
   return n;
 }
 
+// Resumes the run in `out` for `more` epochs past those its log.csv holds (quietly, its output into
+// d.file(log)): the run must finish and log exactly those epochs. Returns what it printed.
+std::string resume_for(const TempDir& d, const std::string& out, int more, const std::string& log) {
+  const int done = std::max(0, csv_rows(out + "/log.csv"));
+  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + more) +
+             " -q > " + d.file(log) + " 2>&1") == 0);
+  const std::string printed = slurp(d.file(log));
+  INFO(printed);
+  CHECK(csv_rows(out + "/log.csv") == done + more);
+  return printed;
+}
+
 std::string train_cmd(const TempDir& d, const std::string& out, int epochs) {
   return cli() + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b 16 --threads 1 --epochs " +
          std::to_string(epochs) + " -o " + out;
@@ -90,12 +102,7 @@ TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") 
   const std::string log = slurp(d.file("log"));
   INFO(log);
   CHECK(log.find("resume with: relpos train --resume " + out + "/checkpoint.safetensors") != std::string::npos);
-  const int done = std::max(0, csv_rows(out + "/log.csv"));
-  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 2) + " -q > " +
-             d.file("log2") + " 2>&1") == 0);
-  INFO(slurp(d.file("log2")));
-  CHECK(slurp(d.file("log2")).find("ETA") == std::string::npos);  // -q holds on resume too
-  CHECK(csv_rows(out + "/log.csv") == done + 2);
+  CHECK(resume_for(d, out, 2, "log2").find("ETA") == std::string::npos);  // -q holds on resume too
   CHECK(fs::exists(out + "/model.json"));
 }
 
@@ -136,11 +143,7 @@ TEST_CASE("a hang-up (the terminal gone, stderr a pipe without reader) saves a c
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 129);
   // the checkpoint written at the hang-up resumes
-  const int done = std::max(0, csv_rows(out + "/log.csv"));
-  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 1) + " -q > " +
-             d.file("log2") + " 2>&1") == 0);
-  INFO(slurp(d.file("log2")));
-  CHECK(csv_rows(out + "/log.csv") == done + 1);
+  resume_for(d, out, 1, "log2");
 }
 
 TEST_CASE("a run started with relative --data and --save resumes from another folder on the same data and file") {
@@ -195,11 +198,7 @@ TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finish
                              "sleep 0.3; kill -KILL $pid; wait $pid; exit $?";
   CHECK(sh(script) == 137);
   // the last checkpoint is whole (files are replaced by rename), so resuming works
-  const int done = std::max(0, csv_rows(out + "/log.csv"));
-  REQUIRE(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs " + std::to_string(done + 2) + " -q > " +
-             d.file("log") + " 2>&1") == 0);
-  INFO(slurp(d.file("log")));
-  CHECK(csv_rows(out + "/log.csv") == done + 2);
+  resume_for(d, out, 2, "log");
   CHECK(fs::exists(out + "/model.json"));
   // and temporary files a kill left behind are gone
   for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().string().find(".tmp.") == std::string::npos);

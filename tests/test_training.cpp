@@ -42,6 +42,17 @@ TrainOptions small_run(const std::string& data, const std::string& out) {
   return o;
 }
 
+// One epoch of small_run on a small pattern dataset in dir/data, written to dir/run; the options it
+// ran with.
+TrainOptions train_one_epoch(const test::TempDir& dir) {
+  test::make_pattern_dataset(dir.path + "/data", 8, 2);
+  TrainOptions o = small_run(dir.path + "/data", dir.path + "/run");
+  o.epochs = 1;
+  Model m = Model::create(test::tiny_rgb_config(), 5);
+  train(m, o);
+  return o;
+}
+
 void write_gz(const std::string& path, const std::vector<std::uint8_t>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
@@ -337,11 +348,7 @@ TEST_CASE("training a few steps lowers the loss; the same seeds give the same we
 
 TEST_CASE("a new run refuses a folder holding an earlier run's results unless told to overwrite them") {
   test::TempDir dir;
-  test::make_pattern_dataset(dir.path + "/data", 8, 2);
-  TrainOptions o = small_run(dir.path + "/data", dir.path + "/run");
-  o.epochs = 1;
-  Model m = Model::create(test::tiny_rgb_config(), 5);
-  train(m, o);
+  TrainOptions o = train_one_epoch(dir);
   const std::string log = dir.path + "/run/log.csv";
   const auto written = fs::last_write_time(log);
   Model again = Model::create(test::tiny_rgb_config(), 6);
@@ -448,11 +455,7 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
 
 TEST_CASE("a checkpoint with missing or impossible progress is an error naming the file and the entry") {
   test::TempDir dir;
-  test::make_pattern_dataset(dir.path + "/data", 8, 2);
-  TrainOptions o = small_run(dir.path + "/data", dir.path + "/run");
-  o.epochs = 1;
-  Model m = Model::create(test::tiny_rgb_config(), 5);
-  train(m, o);
+  TrainOptions o = train_one_epoch(dir);
   const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
   const SafetensorsFile f = SafetensorsFile::read(ckpt);
   std::vector<std::pair<std::string, Tensor>> tensors;
