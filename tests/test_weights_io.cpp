@@ -189,6 +189,31 @@ TEST_CASE("a timm checkpoint loads by timm names with --config; F16 and BF16 are
   CHECK(f.tensor("b").shape() == Shape{2, 2});
 }
 
+TEST_CASE("a safetensors file whose header length starts with the bytes of '{' or a space loads as safetensors") {
+  // The 8-byte little-endian header length comes first. A length of 0x7B20 (31520, a multiple of 8
+  // as padding writers leave it) starts with a space and a '{'; one of 0x..7B with a '{'. Neither
+  // makes the file JSON.
+  test::TempDir dir;
+  Model m = tiny_model(5);
+  m.save_safetensors(dir.file("m.safetensors"));
+  const std::string good = detail::read_file(dir.file("m.safetensors"));
+  std::uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  const std::string header = good.substr(8, n), data = good.substr(8 + n);
+  std::uint64_t odd = (n & ~std::uint64_t{0xFF}) + 0x7B;
+  if (odd < n) odd += 0x100;
+  for (const std::uint64_t len : {std::uint64_t{0x7B20}, odd}) {
+    REQUIRE(len >= n);
+    std::string bytes(8, '\0');
+    std::memcpy(bytes.data(), &len, 8);
+    bytes += header + std::string(len - n, ' ') + data;
+    const std::string path = dir.file("padded_" + std::to_string(len) + ".safetensors");
+    write_text(path, bytes);
+    INFO("header length " << len);
+    check_bit_exact(m, Model::load(path));
+  }
+}
+
 TEST_CASE("malformed safetensors files fail with a message naming the problem") {
   test::TempDir dir;
   Model m = tiny_model();

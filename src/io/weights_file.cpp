@@ -2,6 +2,7 @@
 #include "io/weights_file.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -236,6 +237,18 @@ ModelFileKind model_file_kind(const std::string& path) {
                path << ": is a directory; expected a model file (.json or .safetensors)");
   std::ifstream in(path, std::ios::binary);
   RELPOS_CHECK(in, path << ": cannot open the file");
+  // safetensors: an 8-byte little-endian header length that fits the file, then the header's '{'.
+  // Checked first, since the length's own bytes may be a space or a '{' (0x7B20 is both). No JSON
+  // text passes: its eighth byte is printable or white space, which makes the length at least 2^57.
+  unsigned char head[9];
+  const auto file_size = std::filesystem::file_size(path, ec);
+  if (!ec && in.read(reinterpret_cast<char*>(head), 9) && head[8] == '{') {
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | head[i];
+    if (n <= file_size - 8) return ModelFileKind::Safetensors;
+  }
+  in.clear();
+  in.seekg(0);
   char c;
   // a UTF-8 byte-order mark (Windows editors write one) before the JSON
   char bom[3] = {};
