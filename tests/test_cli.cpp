@@ -138,13 +138,15 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   CHECK(r.status != 0);
   CHECK(r.out.find("takes 96x64 only") != std::string::npos);
   // a flag's range says what it wants (CLI11's own checks printed 0.000000 to a 309-digit number)
-  for (const char* flags : {"train -c fmnist_conv --epochs 0", "classify -m fmnist_conv --max-model-gb 0 x.png",
+  for (const std::string flags : {"train -c fmnist_conv --epochs 0", "classify -m fmnist_conv --max-model-gb 0 x.png",
                             "bench -m fmnist_conv --warmup -1", "train -c fmnist_conv --lr -1",
-                            "train -c fmnist_conv --wd -1", "train -c fmnist_conv --max-steps -1"}) {
+                            "train -c fmnist_conv --wd -1", "train -c fmnist_conv --max-steps -1",
+                            "bench -m fmnist_conv --min-seconds -1", "classify -m fmnist_conv --scale -1 x.png"}) {
     r = run(flags);
     INFO(flags << ": " << r.out);
     CHECK(r.status == 2);
     CHECK((r.out.find("must be positive, got 0") != std::string::npos ||
+           r.out.find("--scale: must be positive, got -1") != std::string::npos ||
            r.out.find("must be a whole number of at least 1 (epochs to train), got '0'") != std::string::npos ||
            r.out.find("must not be negative, got -1") != std::string::npos));
     CHECK(r.out.find("000000000") == std::string::npos);

@@ -91,6 +91,24 @@ TEST_CASE("relpos train writes model, log, curves and checkpoint; relpos eval re
   CHECK(slurp(d.file("bad")).find("no folder for class") != std::string::npos);
 }
 
+TEST_CASE("--opt names the optimizer in words, in --help and in errors, and adamw trains") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 2);
+  REQUIRE(sh(train_cmd(d, d.path + "/run", 1) + " --opt adamw --max-steps 1 > " + d.file("log") + " 2>&1") == 0);
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find(", adamw lr ") != std::string::npos);
+  // the help printed the enum's bytes (0x00, 0x01) as its values
+  REQUIRE(sh(cli() + " train --help > " + d.file("help") + " 2>&1") == 0);
+  const std::string help = slurp(d.file("help"));
+  CHECK(help.find("--opt TEXT:{sgd,adamw}=sgd") != std::string::npos);
+  bool control = false;
+  for (char c : help) control = control || (static_cast<unsigned char>(c) < 0x20 && c != '\n');
+  CHECK_FALSE(control);
+  CHECK(sh(cli() + " train -c fmnist_conv --opt adam > " + d.file("bad") + " 2>&1") == 2);
+  CHECK(slurp(d.file("bad")).find("--opt: adam not in {sgd,adamw}") != std::string::npos);
+}
+
 TEST_CASE("Ctrl-C saves a checkpoint and exits 130; --resume finishes the run") {
   TempDir d;
   relpos::test::make_pattern_dataset(d.path + "/data", 40, 4);

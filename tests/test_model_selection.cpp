@@ -1,6 +1,7 @@
 // Validation and model selection: a seeded held-out part of the training set (or a val/ folder)
 // scored every epoch, the best epoch kept beside the last, the test set scored once at the end;
 // an EMA of the weights is what is evaluated and saved when it is on.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -103,6 +104,33 @@ TEST_CASE("with --val-split: val columns each epoch, best.safetensors and model.
   INFO(cl.out);
   CHECK(cl.status == 0);
   CHECK(cl.out.find("dots") != std::string::npos);
+}
+
+TEST_CASE("--val-split says which classes have one image and so none in validation") {
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 12, 2);
+  // leave the first class (in name order) one training image
+  std::vector<fs::path> classes;
+  for (const auto& e : fs::directory_iterator(d.path + "/data/train")) classes.push_back(e.path());
+  std::sort(classes.begin(), classes.end());
+  std::vector<fs::path> images;
+  for (const auto& e : fs::directory_iterator(classes.front())) images.push_back(e.path());
+  std::sort(images.begin(), images.end());
+  for (std::size_t i = 1; i < images.size(); ++i) fs::remove(images[i]);
+  Model m = Model::create(test::tiny_rgb_config(), 3);
+  TrainOptions o = quick(d.path + "/data", d.path + "/run", 1);
+  o.val_split = 0.25f;
+  std::vector<std::string> notes;
+  o.on_event = [&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::Message) notes.push_back(e.message);
+  };
+  train(m, o);
+  const std::string want = "--val-split: 1 class has one training image, kept for training, so validation has none of '" +
+                           classes.front().filename().string() + "'";
+  bool found = false;
+  for (const auto& n : notes) found = found || n == want;
+  INFO(want);
+  CHECK(found);
 }
 
 TEST_CASE("a val/ folder is the validation set") {

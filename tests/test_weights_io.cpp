@@ -136,6 +136,26 @@ TEST_CASE("labels or preprocessing that do not fit the network are errors naming
   one["preprocess"]["mean"] = {0.25};
   write_text(dir.file("mean1.json"), one.dump());
   CHECK(Model::load(dir.file("mean1.json")).preprocess().mean[0] == 0.25f);
+
+  // An input size the position tables do not fit fails at load, not at the first image.
+  json size = base;
+  size["preprocess"]["input_size"] = {30, 30};
+  write_text(dir.file("size30.json"), size.dump());
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("size30.json")),
+                       doctest::Contains("size30.json: preprocess.input_size [30, 30] does not fit botnet-fmnist, "
+                                         "which takes 28x28 input"),
+                       Error);
+  // A model without such tables takes another size, as timm's test_input_size.
+  json conv = read_json(test::source_dir() + "/models/fmnist_conv.json");
+  conv["preprocess"]["input_size"] = {32, 32};
+  write_text(dir.file("conv32.json"), conv.dump());
+  CHECK(Model::create(dir.file("conv32.json")).preprocess().height == 32);
+
+  json negative = base;
+  negative["preprocess"]["scale"] = -1;
+  write_text(dir.file("negative.json"), negative.dump());
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("negative.json")),
+                       doctest::Contains("negative.json: preprocess: key 'scale' must be a positive number"), Error);
 }
 
 TEST_CASE("safetensors round-trip bit for bit and carry config, labels and preprocessing") {

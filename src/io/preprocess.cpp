@@ -75,7 +75,9 @@ Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base
   p.interpolation = r.enum_in("interpolation", p.interpolation, kInterpolations);
   p.tta = r.enum_in("tta", p.tta, kTtas);
   r.done();
-  RELPOS_CHECK(std::isfinite(p.scale) && p.scale != 0.0f, r.at("scale") << " must be a non-zero number");
+  RELPOS_CHECK(std::isfinite(p.scale) && p.scale > 0.0f,
+               r.at("scale") << " must be a positive number (pixel values are multiplied by it; 1/255 for timm), got "
+                             << p.scale);
   for (float s : p.std) RELPOS_CHECK(std::isfinite(s) && s != 0.0f, r.at("std") << " must be non-zero numbers");
   for (float m : p.mean) RELPOS_CHECK(std::isfinite(m), r.at("mean") << " must be numbers");
   return p;

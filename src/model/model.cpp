@@ -33,6 +33,11 @@ void Model::set_preprocess(const Preprocess& p) {
   RELPOS_CHECK(p.in_chans() == network_.config().in_chans,
                "preprocessing gives " << p.in_chans() << "-channel input (" << to_string(p.channels) << ") but "
                                       << network_.config().name << " takes " << network_.config().in_chans);
+  const ModelConfig& c = network_.config();
+  RELPOS_CHECK(!c.fixed_input_size() || (p.height == c.input_size[0] && p.width == c.input_size[1]),
+               "preprocess.input_size [" << p.height << ", " << p.width << "] does not fit " << c.name << ", which takes "
+                                         << c.input_size[0] << "x" << c.input_size[1]
+                                         << " input (its position tables fix the feature size)");
   preprocess_ = p;
 }
 

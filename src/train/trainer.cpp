@@ -279,6 +279,21 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     val_part.emplace(*train_pool, std::move(held));
     train_data = &*train_part;
     val_data = &*val_part;
+    // a class with one image keeps it for training: say so, since its validation accuracy is absent
+    std::vector<int> held_of(train_pool->classes().size()), all_of(train_pool->classes().size());
+    for (std::size_t i = 0; i < val_part->size(); ++i) ++held_of.at(static_cast<std::size_t>(val_part->label(i)));
+    for (std::size_t i = 0; i < train_pool->size(); ++i) ++all_of.at(static_cast<std::size_t>(train_pool->label(i)));
+    std::vector<std::string> unseen;
+    for (std::size_t c = 0; c < all_of.size(); ++c)
+      if (all_of[c] > 0 && held_of[c] == 0) unseen.push_back("'" + train_pool->classes()[c] + "'");
+    if (!unseen.empty()) {
+      std::ostringstream os;
+      os << "--val-split: " << unseen.size() << (unseen.size() == 1 ? " class has" : " classes have")
+         << " one training image, kept for training, so validation has none of ";
+      for (std::size_t i = 0; i < unseen.size() && i < 5; ++i) os << (i ? ", " : "") << unseen[i];
+      if (unseen.size() > 5) os << " and " << unseen.size() - 5 << " more";
+      note(os.str());
+    }
   } else if (is_folder_data(opts.data) && fs::is_directory(fs::path(opts.data) / "val")) {
     val_folder = open_dataset(opts.data, "val", model.labels());
     val_data = val_folder.get();

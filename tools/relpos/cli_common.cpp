@@ -161,7 +161,7 @@ void PreprocessOptions::add(CLI::App* app) {
                                 "channel, comma-separated")
       ->group(g)
       ->type_name("X[,Y,Z]");
-  app->add_option("--scale", scale, "Pixel scale factor (e.g. 0.0039216 = 1/255)")->group(g);
+  app->add_option("--scale", scale, "Pixel scale factor (e.g. 0.0039216 = 1/255)")->group(g)->check(kPositive);
   // Each flag of a pair sets the optional only when given: the model file stays the truth otherwise.
   app->add_flag_function("--rgb", [this](std::int64_t) { rgb = true; }, "Model takes RGB input")->group(g);
   app->add_flag_function("--bgr", [this](std::int64_t) { rgb = false; }, "Model takes BGR input")->group(g);
@@ -217,7 +217,7 @@ void PreprocessOptions::apply(Model& model) const {
     }
   }
   if (scale) {
-    RELPOS_USAGE_CHECK(std::isfinite(*scale) && *scale != 0.0f, "--scale must be a non-zero number");
+    RELPOS_USAGE_CHECK(std::isfinite(*scale) && *scale > 0.0f, "--scale must be a positive number");
     // The mean is stored after scaling: keep it in pixel units unless --mean gives a new one.
     for (auto& m : p.mean) m = m / p.scale * *scale;
     p.scale = *scale;

@@ -368,7 +368,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--input", args->input, "safetensors file with an 'input' tensor (N, C, H, W)");
   sub->add_option("--warmup", args->warmup, "Untimed runs first")->check(kNonNegative)->capture_default_str();
   sub->add_option("--iters", args->iters, "Timed runs (at least)")->check(at_least_one("--iters", "timed runs"))->capture_default_str();
-  sub->add_option("--min-seconds", args->min_seconds, "Keep timing for at least this long");
+  sub->add_option("--min-seconds", args->min_seconds, "Keep timing for at least this long")->check(kNonNegative);
   sub->add_option("--save-logits", args->save_logits, "Write the logits as safetensors ('logits')");
   sub->add_flag("--train", args->train, "Time a training step (forward, backward, SGD) instead of inference");
   sub->add_flag("--tf32", args->tf32, "Let the GPU use TF32 tensor cores for float32 (no effect on the CPU)");

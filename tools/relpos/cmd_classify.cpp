@@ -149,7 +149,7 @@ void run(const ClassifyArgs& a) {
     std::cerr << " in " << (prep_ms + infer_ms) << " ms (" << done * 1000.0 / (prep_ms + infer_ms)
               << " img/s): decode+preprocess " << prep_ms << " ms, inference " << infer_ms << " ms = "
               << infer_ms / static_cast<double>(done) << " ms/img";
-  std::cerr << "; model load " << load_ms << " ms; batch " << a.batch << ", " << threads_in_use() << " threads, "
+  std::cerr << "; model load " << load_ms << " ms; batch " << a.batch << ", " << count_text(threads_in_use(), "thread") << ", "
             << to_string(model.device());
   if (failed) std::cerr << "; " << failed << " failed";
   std::cerr << "\n";

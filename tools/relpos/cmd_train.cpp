@@ -95,7 +95,7 @@ void run(TrainArgs a) {
               << (a.init.empty() ? "" : ", from " + a.init) << ") on " << a.opt.data << ", "
               << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch
               << (procs.size > 1 ? " per process" : "") << ", " << to_string(a.opt.optimizer.kind) << " lr "
-              << shortest(a.opt.lr) << ", " << threads_in_use() << " threads, " << to_string(device)
+              << shortest(a.opt.lr) << ", " << count_text(threads_in_use(), "thread") << ", " << to_string(device)
               << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
   else if (rank0)
     std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
@@ -179,9 +179,9 @@ void register_train(CLI::App& app) {
       ->check(kNonNegative)
       ->capture_default_str();
   sub->add_option("--warmup", a->opt.warmup_epochs, "Warmup epochs (linear)")->check(kNonNegative)->capture_default_str();
-  sub->add_option("--opt", a->opt.optimizer.kind, "sgd or adamw")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, OptimizerKind>{{"sgd", OptimizerKind::SGD}, {"adamw", OptimizerKind::AdamW}}))
+  sub->add_option_function<std::string>(
+         "--opt", [a](const std::string& name) { a->opt.optimizer.kind = parse_optimizer_kind(name); }, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
       ->default_str(to_string(a->opt.optimizer.kind));
   sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->check(kNonNegative)->capture_default_str();
   sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
