@@ -184,6 +184,15 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
   CHECK(r.status == 1);
   CHECK(r.out.find("/nonexistent-folder/cm.png: cannot write the confusion matrix there") != std::string::npos);
+  // so do quantize (before its calibration) and convert
+  r = run("quantize -m " + relpos::test::source_dir() + "/models/botnet-fmnist.json --calib fashion-mnist -o /nonexistent-folder/q.json");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/nonexistent-folder/q.json: cannot write the int8 model there (no folder /nonexistent-folder)") !=
+        std::string::npos);
+  CHECK(r.out.find("calibration") == std::string::npos);
+  r = run("convert fmnist_conv " + dir.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.path + ": is a folder; convert's output takes a file name") != std::string::npos);
 }
 
 TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predictions; labels and overrides stick") {

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "relpos/error.hpp"
+
+#include <unistd.h>
 
 namespace relpos::cli {
 
@@ -252,6 +255,20 @@ std::string shortest(float v) {
   std::ostringstream os;
   os << std::setprecision(9) << v;
   return os.str();
+}
+
+void check_output_file(const std::string& path, const std::string& flag, const std::string& what) {
+  std::error_code ec;
+  const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  RELPOS_CHECK(fs::is_directory(folder, ec), path << ": cannot write " << what << " there (no folder " << folder.string() << ")");
+  RELPOS_CHECK(!fs::is_directory(path, ec), path << ": is a folder; " << flag << " takes a file name");
+  const fs::path probe = folder / (".relpos-write-test." + std::to_string(::getpid()));
+  {
+    std::ofstream f(probe);
+    RELPOS_CHECK(f && (f << 'x') && f.flush(), path << ": cannot write " << what << " there (the folder "
+                                                    << folder.string() << " is not writable)");
+  }
+  fs::remove(probe, ec);
 }
 
 std::string count_text(long n, const std::string& noun) {

@@ -85,6 +85,10 @@ std::string shortest(float v);
 // "1 epoch", "3 epochs".
 std::string count_text(long n, const std::string& noun);
 
+// Fails now, naming the file, where writing it after the work would fail: its folder is missing or
+// not writable, or the name is a folder's. (flag: the option that named it; what: "the model", ...)
+void check_output_file(const std::string& path, const std::string& flag, const std::string& what);
+
 void set_threads(int threads);
 // The process exit status a command asks for (0 unless it reported failures).
 int& exit_status();

@@ -21,6 +21,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 void run(const ConvertArgs& a) {
+  check_output_file(a.output, "convert's output", "the model");
   Model model = a.model.load();
   a.pre.apply(model);
   if (ends_with(a.output, ".safetensors")) {

@@ -81,14 +81,8 @@ std::vector<int> class_map(const Model& model, const Model& other, const std::st
 }
 
 void run(const EvalArgs& a) {
-  if (!a.png.empty()) {  // a picture that cannot be written fails now, not after the evaluation
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path folder = fs::path(a.png).parent_path().empty() ? fs::path(".") : fs::path(a.png).parent_path();
-    RELPOS_CHECK(fs::is_directory(folder, ec), a.png << ": cannot write the confusion matrix there (no folder "
-                                                     << folder.string() << ")");
-    RELPOS_CHECK(!fs::is_directory(a.png, ec), a.png << ": is a folder; --png takes a file name");
-  }
+  // a picture that cannot be written fails now, not after the evaluation
+  if (!a.png.empty()) check_output_file(a.png, "--png", "the confusion matrix");
   std::optional<std::pair<int, int>> size;
   if (!a.input_size.empty()) size = parse_size(a.input_size);
   else if (a.canvas > 0) size = std::make_pair(a.canvas, a.canvas);
