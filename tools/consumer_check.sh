@@ -39,6 +39,28 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" g++ -std=c++17 -O1 examples/worker_threa
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs relpos opencv4) -Wl,-rpath,"$prefix/lib"
 "$work/worker_pc" "$model" samples 1 | tail -1
 
+# The README's C++ example and CMake lines, as a reader copies them: the first cpp block after
+# "## C++ API" and the cmake block after "### Using relpos from your project", built against the
+# prefix with -Wall -Wextra -Werror -pedantic and run from this tree (its paths are the tree's).
+mkdir -p "$work/readme"
+awk '/^## C\+\+ API/ {f = 1} f && /^```cpp/ {p = 1; next} p && /^```/ {exit} p' README.md > "$work/readme/app.cpp"
+{
+  echo "cmake_minimum_required(VERSION 3.25)"
+  echo "project(readme_app CXX)"
+  echo "set(CMAKE_CXX_STANDARD 17)"
+  echo "set(CMAKE_CXX_EXTENSIONS OFF)"
+  echo "add_compile_options(-Wall -Wextra -Werror -pedantic)"
+  awk '/^### Using relpos from your project/ {f = 1} f && /^```cmake/ {p = 1; next} p && /^```/ {exit} p' README.md
+} > "$work/readme/CMakeLists.txt"
+if [ "$(grep -c . "$work/readme/app.cpp")" -lt 5 ] || ! grep -q relpos::relpos "$work/readme/CMakeLists.txt"; then
+  echo "consumer check: the README's C++ or CMake block was not found" >&2
+  exit 1
+fi
+cmake -S "$work/readme" -B "$work/readme/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$work/readme/build" >/dev/null
+"$work/readme/build/app" | tail -2
+echo "the README's C++ example builds as written and runs"
+
 # The CLI as an outside client: only the installed headers on its include path.
 mkdir -p "$work/cli"
 cat > "$work/cli/CMakeLists.txt" <<CMAKE

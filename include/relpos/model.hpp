@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/error.hpp"  // relpos::Error, what every call here throws
 #include "relpos/network.hpp"
 #include "relpos/runtime.hpp"
 #include "relpos/preprocess.hpp"
