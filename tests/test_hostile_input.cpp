@@ -22,6 +22,7 @@
 #include "relpos/preprocess.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
+#include "relpos/trainer.hpp"
 #include "io/image_file.hpp"
 #include "io/image_header.hpp"
 #include "cli_run.hpp"
@@ -470,3 +471,45 @@ TEST_CASE("image headers agree with OpenCV's decoders on files OpenCV writes, in
   }
 }
 #endif
+
+TEST_CASE("labels and paths that are not UTF-8, and labels given twice, fail before any work, naming them") {
+  test::TempDir dir;
+  Model m = Model::create(test::tiny_rgb_config(), 1);  // 3 classes
+  // save_json / save_safetensors threw the JSON library's exception after a run's work
+  CHECK_THROWS_WITH_AS(m.set_labels({"a", "b\xff" "c", "d"}),
+                       doctest::Contains("label 1 ('b\xEF\xBF\xBD" "c') is not valid UTF-8 text"), Error);
+  m.set_labels({"a", "b", "a"});  // labels may repeat (ImageNet's have 'crane' twice) ...
+
+  // a class folder's name becomes a label: named at the dataset, before training
+  test::make_pattern_dataset(dir.path + "/data", 4, 1);
+  namespace fs = std::filesystem;
+  const std::string bad = std::string("b\xff") + "d";
+  fs::create_directories(dir.path + "/data/train/" + bad);
+  fs::copy_file(dir.path + "/data/train/dots/000.png", dir.path + "/data/train/" + bad + "/000.png");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/data", "train"),
+                       doctest::Contains("/data/train/b\xEF\xBF\xBD" "d: a class folder's name must be valid UTF-8"), Error);
+  fs::remove_all(dir.path + "/data/train/" + bad);
+  // ... but not with class folders, where the second found no folder ("no folder for class 'a'" with
+  // the folder there)
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/data", "train", m.labels()),
+                       doctest::Contains("the model's classes 0 ('a') and 2 ('a') would both be in folder 'a'"), Error);
+  m.set_labels({"a", "b", "c"});
+
+  // the checkpoint records the data folder's path as text: a run whose path is not UTF-8 lost its work
+  // at the first save; now it is refused before anything is written
+  const std::string odd = dir.path + "/da\xfe" "ta";
+  fs::rename(dir.path + "/data", odd);
+  TrainOptions o;
+  o.data = odd;
+  o.epochs = 1;
+  o.batch = 4;
+  o.out = dir.path + "/run";
+  CHECK_THROWS_WITH_AS(train(m, o), doctest::Contains("the path of the data folder is not valid UTF-8"), Error);
+  CHECK_FALSE(fs::exists(dir.path + "/run"));
+
+  // a split folder that is not there is named (DIR's other split folders were taken for classes)
+  fs::rename(odd, dir.path + "/data");
+  fs::remove_all(dir.path + "/data/train");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/data", "train"), doctest::Contains("/data: no train/ folder (it has test/)"),
+                       Error);
+}

@@ -133,6 +133,26 @@ TEST_CASE("--val-split says which classes have one image and so none in validati
   CHECK(found);
 }
 
+TEST_CASE("a folder of class folders without train/ and test/ is all training data: no test accuracy from it") {
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 8, 2);
+  fs::rename(d.path + "/data/train", d.path + "/flat");  // three class folders, nothing else
+  Model m = Model::create(test::tiny_rgb_config(), 3);
+  TrainOptions o = quick(d.path + "/flat", d.path + "/run", 1);
+  std::vector<std::string> notes;
+  o.on_event = [&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::Message) notes.push_back(e.message);
+  };
+  const TrainResult r = train(m, o);
+  // it scored the images it had trained on as the test set
+  REQUIRE(r.history.size() == 1);
+  CHECK(r.history[0].test_acc == -1.0);
+  CHECK(r.test_acc == -1.0);
+  bool said = false;
+  for (const auto& n : notes) said = said || n.find("has no train/ and test/ folders: it is all training data") != std::string::npos;
+  CHECK(said);
+}
+
 TEST_CASE("a val/ folder is the validation set") {
   test::TempDir d;
   test::make_pattern_dataset(d.path + "/data", 12, 4);

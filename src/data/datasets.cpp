@@ -5,8 +5,10 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "core/checked_math.hpp"
+#include "io/json_reader.hpp"
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
 
@@ -113,6 +115,9 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
   }
   std::sort(folders.begin(), folders.end());
   RELPOS_CHECK(!folders.empty(), root << ": no class folders (expected " << root << "/<class>/<images>)");
+  for (const std::string& f : folders)  // a folder's name becomes a label, which a model file stores as JSON text
+    RELPOS_CHECK(detail::valid_utf8(f), (fs::path(root) / detail::printable_utf8(f)).string()
+                                            << ": a class folder's name must be valid UTF-8 (it is the class's label)");
   // Which class each folder holds: by name when the labels are known, else alphabetical.
   std::vector<int> class_of(folders.size());
   if (labels.empty()) {
@@ -120,6 +125,14 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
     for (std::size_t f = 0; f < folders.size(); ++f) class_of[f] = static_cast<int>(f);
   } else {
     classes_ = labels;
+    // a folder holds one class: two labels with one folder name cannot both be found
+    std::map<std::string, std::size_t> class_in;
+    for (std::size_t l = 0; l < labels.size(); ++l) {
+      const auto [it, fresh] = class_in.emplace(label_folder_name(labels[l]), l);
+      RELPOS_CHECK(fresh, root << ": the model's classes " << it->second << " ('" << labels[it->second] << "') and " << l
+                               << " ('" << labels[l] << "') would both be in folder '" << it->first
+                               << "'; give them different labels (--labels) to use class folders");
+    }
     std::vector<bool> found(labels.size(), false);
     for (std::size_t f = 0; f < folders.size(); ++f) {
       int c = -1;
@@ -163,8 +176,15 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
   }
   const fs::path sub = fs::path(spec) / split;
-  RELPOS_CHECK(split != "val" || fs::is_directory(sub), spec << ": no val/ folder");
-  return std::make_unique<ImageFolderDataset>(fs::is_directory(sub) ? sub.string() : spec, labels);
+  if (fs::is_directory(sub)) return std::make_unique<ImageFolderDataset>(sub.string(), labels);
+  // DIR itself holds the class folders only when it has no split folders at all: with test/ but no
+  // train/, asking for train is an error, not DIR's split folders taken for classes.
+  std::string splits;
+  for (const char* s : {"train", "test", "val"})
+    if (fs::is_directory(fs::path(spec) / s)) splits += std::string(splits.empty() ? "" : ", ") + s + "/";
+  RELPOS_CHECK(split != "val" && splits.empty(),
+               spec << ": no " << split << "/ folder" << (splits.empty() ? "" : " (it has " + splits + ")"));
+  return std::make_unique<ImageFolderDataset>(spec, labels);
 }
 
 }  // namespace relpos

@@ -8,6 +8,20 @@ namespace relpos::detail {
 
 using nlohmann::json;
 
+bool valid_utf8(const std::string& text) {
+  try {
+    (void)json(text).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+std::string printable_utf8(const std::string& text) {
+  const std::string quoted = json(text).dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+  return json::parse(quoted).get<std::string>();
+}
+
 json read_json_file(const std::string& path) {
   std::error_code ec;
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");

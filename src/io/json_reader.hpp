@@ -19,6 +19,11 @@ namespace relpos::detail {
 // given twice in one object).
 nlohmann::json read_json_file(const std::string& path);
 
+// Whether text is valid UTF-8, as JSON text (and so every label and name a model file stores) must be.
+bool valid_utf8(const std::string& text);
+// text for a message: its bytes that are not valid UTF-8 shown as U+FFFD.
+std::string printable_utf8(const std::string& text);
+
 // A parser callback (Json::parse(text, callback)) that refuses a key given twice in one object,
 // naming `where`, the key and the object holding it: the JSON library would keep the last value
 // silently (a tensor, a label list or a config value overridden without a word).

@@ -11,6 +11,7 @@
 
 #include "core/runtime_internal.hpp"
 #include "io/atomic_file.hpp"
+#include "io/json_reader.hpp"
 #include "io/weights_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/safetensors.hpp"
@@ -26,6 +27,10 @@ Model::Model(Network network, std::vector<std::string> labels, Preprocess prepro
 void Model::set_labels(std::vector<std::string> labels) {
   RELPOS_CHECK(labels.empty() || static_cast<int>(labels.size()) == network_.config().num_classes,
                labels.size() << " labels for a model with " << network_.config().num_classes << " classes");
+  // Labels are stored as JSON text. (They need not be unique: ImageNet's have 'crane' twice.)
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    RELPOS_CHECK(detail::valid_utf8(labels[i]), "label " << i << " ('" << detail::printable_utf8(labels[i])
+                                                         << "') is not valid UTF-8 text");
   labels_ = std::move(labels);
 }
 

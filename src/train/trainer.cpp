@@ -19,6 +19,7 @@
 #include "core/runtime_internal.hpp"
 #include "data/dataset_subset.hpp"
 #include "io/atomic_file.hpp"
+#include "io/json_reader.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "train/checkpoint.hpp"
@@ -191,6 +192,14 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     // so that a run resumed from another folder reads the same data and saves to the same file.
     if (is_folder_data(opts.data)) opts.data = fs::absolute(opts.data).lexically_normal().string();
     if (!opts.save.empty()) opts.save = fs::absolute(opts.save).lexically_normal().string();
+    // the checkpoint stores these paths as JSON text: bytes that are not UTF-8 would fail its first save
+    for (const auto& [what, path] : {std::pair<const char*, const std::string&>{"the data folder", opts.data},
+                                     {"the output folder", opts.out}, {"the model file (--save)", opts.save},
+                                     {"the starting weights (--init)", opts.init},
+                                     {"the starting weights' config", opts.init_config}})
+      RELPOS_CHECK(detail::valid_utf8(path), detail::printable_utf8(path)
+                                                 << ": the path of " << what
+                                                 << " is not valid UTF-8 (the checkpoint records it as text); rename it");
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
   opts.processes = dp.size();
@@ -299,7 +308,13 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     val_data = val_folder.get();
   }
   // With validation the test set is scored once at the end; without, after every epoch.
-  auto test_data = opts.eval_each_epoch ? open_dataset(opts.data, "test", model.labels()) : nullptr;
+  // A folder of class folders without train/ and test/ trains on all of it: it has no test set (one
+  // taken from it would score the images trained on).
+  const bool flat = is_folder_data(opts.data) && !fs::is_directory(fs::path(opts.data) / "train");
+  if (flat && opts.eval_each_epoch)
+    note(opts.data + " has no train/ and test/ folders: it is all training data, and there is no test accuracy" +
+         (val_data ? "" : " (--val-split holds out part of it for validation)"));
+  auto test_data = opts.eval_each_epoch && !flat ? open_dataset(opts.data, "test", model.labels()) : nullptr;
   // With a canvas, validation and test images sit at positions fixed per image (the same in every run).
   std::optional<CanvasDataset> val_canvas, test_canvas;
   if (canvas > 0 && val_data) val_data = &val_canvas.emplace(*val_data, canvas);

@@ -257,6 +257,10 @@ std::string shortest(float v) {
   return os.str();
 }
 
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void check_output_file(const std::string& path, const std::string& flag, const std::string& what) {
   std::error_code ec;
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +88,10 @@ std::string count_text(long n, const std::string& noun);
 
 // Fails now, naming the file, where writing it after the work would fail: its folder is missing or
 // not writable, or the name is a folder's. (flag: the option that named it; what: "the model", ...)
+// JSON text for output: bytes of strings that are not UTF-8 (file names, paths) become U+FFFD
+// instead of failing after the work. indent as nlohmann::json::dump's.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 void check_output_file(const std::string& path, const std::string& flag, const std::string& what);
 
 void set_threads(int threads);

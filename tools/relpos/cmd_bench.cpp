@@ -91,7 +91,7 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
   const double median = ms[ms.size() / 2];
   const double n = static_cast<double>(items);
   if (a.json) {
-    std::cout << report_json(a, what, items, device, ms, macs_per_item).dump() << "\n";
+    std::cout << json_text(report_json(a, what, items, device, ms, macs_per_item)) << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << threads_in_use()
               << " threads, " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
@@ -184,7 +184,7 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
     nlohmann::json jp = nlohmann::json::array();
     for (const auto& p : parts)
       jp.push_back({{"layer", p.layer}, {"op", p.op}, {"part", p.part}, {"calls", p.calls}, {"ms_per_run", p.ms / n}});
-    std::cout << nlohmann::json{{"profile", j}, {"parts", jp}, {"runs", runs}}.dump() << "\n";
+    std::cout << json_text(nlohmann::json{{"profile", j}, {"parts", jp}, {"runs", runs}}) << "\n";
     return;
   }
   std::cout << "profile of " << runs << " runs (each op waits for the device; ms per run):\n"
@@ -301,14 +301,13 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
   const std::string device = to_string(first.device());
   const std::string name1 = first.network().config().name, name2 = second.network().config().name;
   if (a.json) {
-    std::cout << nlohmann::json{{"paired", {report_json(a, name1 + " inference", x1.dim(0), device, ms1, macs1),
+    std::cout << json_text(nlohmann::json{{"paired", {report_json(a, name1 + " inference", x1.dim(0), device, ms1, macs1),
                                             report_json(a, name2 + " inference", x2.dim(0), device, ms2, macs2)}},
                                 {"pairs", n},
                                 {"per_mac_ratio", median},
                                 {"per_mac_ratio_q1", q1},
                                 {"per_mac_ratio_q3", q3},
-                                {"pair_ms", pair_ms}}
-                     .dump()
+                                {"pair_ms", pair_ms}})
               << "\n";
     return;
   }

@@ -50,14 +50,12 @@ nlohmann::json image_json(const std::string& image) {
   return j;
 }
 
-std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
-
 void report_error(const ClassifyArgs& a, const std::string& image, const std::string& message) {
   const std::string text = detail::naming(image, message);
   if (a.json) {
     nlohmann::json j = image_json(image);
     j["error"] = json_safe_name(text, nullptr);
-    std::cout << dump(j) << std::endl;
+    std::cout << json_text(j) << std::endl;
   }
   std::cerr << "relpos: skipped " << text << "\n";
 }
@@ -70,7 +68,7 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
                      {"probability", preds[r].probability}, {"logit", preds[r].logit}});
     nlohmann::json j = image_json(image);
     j["predictions"] = top;
-    std::cout << dump(j) << "\n";
+    std::cout << json_text(j) << "\n";
     return;
   }
   std::cout << image << "\n";

@@ -124,7 +124,7 @@ void run(const EvalArgs& a) {
                         {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}};
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
-    std::cout << j.dump() << "\n";
+    std::cout << json_text(j) << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images";
     if (r.skipped) std::cout << " (" << r.skipped << " unreadable, skipped)";

@@ -255,7 +255,7 @@ void run(const ExplainArgs& a) {
                                   {"input_size", {model.preprocess().height, model.preprocess().width}},
                                   {"prediction", {{"label", top.label}, {"probability", top.probability}}},
                                   {"layers", layers}};
-  std::ofstream(out_file("explain.json")) << summary.dump(1) << "\n";
+  std::ofstream(out_file("explain.json")) << json_text(summary, 1) << "\n";
   RELPOS_CHECK(fs::exists(fs::path(a.out) / "explain.json"), "cannot write " << (fs::path(a.out) / "explain.json").string());
   std::cout << table.str() << "wrote";
   for (const auto& w : written) std::cout << " " << w;
