@@ -190,9 +190,10 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   CHECK(r.out.find("/nonexistent-folder/q.json: cannot write the int8 model there (no folder /nonexistent-folder)") !=
         std::string::npos);
   CHECK(r.out.find("calibration") == std::string::npos);
-  r = run("convert fmnist_conv " + dir.path);
+  std::filesystem::create_directories(dir.file("out.json"));
+  r = run("convert fmnist_conv " + dir.file("out.json"));
   CHECK(r.status == 1);
-  CHECK(r.out.find(dir.path + ": is a folder; convert's output takes a file name") != std::string::npos);
+  CHECK(r.out.find(dir.file("out.json") + ": is a folder; convert's output takes a file name") != std::string::npos);
 }
 
 TEST_CASE("convert: config -> JSON -> safetensors -> JSON gives identical predictions; labels and overrides stick") {

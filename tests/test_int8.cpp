@@ -12,6 +12,7 @@
 
 #include "cli_run.hpp"
 #include "core/ops_internal.hpp"
+#include "io/atomic_file.hpp"
 #include "layers/int8_conv.hpp"
 #include "relpos/error.hpp"
 #include "relpos/quantize.hpp"
@@ -475,9 +476,12 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   std::filesystem::create_symlink(dir.file("gone.png"), dir.file("pat/lost.png"));  // skipped, and said so
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -n 8 -o " + dir.file("q.json") +
               " --keep-float stem --sensitivity-images 2");
-  REQUIRE(r.status == 0);
+  // the skipped image is a reported failure (exit 1, as classify and eval), the model still written
+  CHECK(r.status == 1);
+  REQUIRE(std::filesystem::exists(dir.file("q.json")));
   CHECK(r.out.find("skipped calibration image " + dir.file("pat/lost.png") + ": broken symbolic link") !=
         std::string::npos);
+  std::filesystem::remove(dir.file("pat/lost.png"));
   CHECK(r.out.find("stages.1.1.self_attn.qkv") != std::string::npos);
   CHECK(r.out.find("sensitivity") != std::string::npos);
   // an int8 model cannot be quantized again
@@ -493,5 +497,23 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   r = run_cli("bench -m " + dir.file("q.json") + " --batch 1 --warmup 0 --iters 1");
   CHECK(r.status == 0);
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -o " + dir.file("q.txt"));
+  CHECK(r.status == 2);
+  // writing over the input model (which then could not be quantized again) and a percentile out of range
+  std::filesystem::copy_file(cfg, dir.file("f.json"));
+  r = run_cli("quantize -m " + dir.file("f.json") + " --calib " + dir.file("pat") + " -o " + dir.path + "/./f.json");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--out is the input model") != std::string::npos);
+  r = run_cli("convert " + dir.file("f.json") + " " + dir.file("f.json"));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("convert's output is the input model") != std::string::npos);
+  CHECK(relpos::detail::read_file(dir.file("f.json")) == relpos::detail::read_file(cfg));
+  for (const char* p : {"150", "0", "-1", "nan"}) {
+    r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -o " + dir.file("q3.json") + " --percentile " + p);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(std::string("--percentile: must be a number above 0 and at most 100, got ") + p) != std::string::npos);
+  }
+  r = run_cli("convert " + cfg + " " + dir.file("n.safetensors") + " --numbers");
+  CHECK(r.status == 2);
+  r = run_cli("convert " + cfg + " " + dir.file("n.txt"));
   CHECK(r.status == 2);
 }

@@ -261,8 +261,11 @@ std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void check_output_file(const std::string& path, const std::string& flag, const std::string& what) {
+void check_output_file(const std::string& path, const std::string& flag, const std::string& what,
+                       const std::string& input) {
   std::error_code ec;
+  RELPOS_USAGE_CHECK(input.empty() || !fs::equivalent(input, path, ec),
+                     path << ": " << flag << " is the input model; write " << what << " to another file");
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   RELPOS_CHECK(fs::is_directory(folder, ec), path << ": cannot write " << what << " there (no folder " << folder.string() << ")");
   RELPOS_CHECK(!fs::is_directory(path, ec), path << ": is a folder; " << flag << " takes a file name");

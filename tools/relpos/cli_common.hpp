@@ -92,7 +92,9 @@ std::string count_text(long n, const std::string& noun);
 // instead of failing after the work. indent as nlohmann::json::dump's.
 std::string json_text(const nlohmann::json& j, int indent = -1);
 
-void check_output_file(const std::string& path, const std::string& flag, const std::string& what);
+// With input given: writing over that file (the same file by any name) is a usage error too.
+void check_output_file(const std::string& path, const std::string& flag, const std::string& what,
+                       const std::string& input = "");
 
 void set_threads(int threads);
 // The process exit status a command asks for (0 unless it reported failures).

@@ -21,14 +21,16 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 void run(const ConvertArgs& a) {
-  check_output_file(a.output, "convert's output", "the model");
+  const bool safetensors = ends_with(a.output, ".safetensors");
+  RELPOS_USAGE_CHECK(safetensors || ends_with(a.output, ".json"),
+                     "output '" << a.output << "' must end in .json or .safetensors");
+  RELPOS_USAGE_CHECK(!safetensors || !a.numbers, "--numbers applies to JSON output only");
+  check_output_file(a.output, "convert's output", "the model", a.model.model);
   Model model = a.model.load();
   a.pre.apply(model);
-  if (ends_with(a.output, ".safetensors")) {
-    RELPOS_CHECK(!a.numbers, "--numbers applies to JSON output only");
+  if (safetensors) {
     model.save_safetensors(a.output);
   } else {
-    RELPOS_CHECK(ends_with(a.output, ".json"), "output '" << a.output << "' must end in .json or .safetensors");
     model.save_json(a.output, a.numbers ? TensorEncoding::Numbers : TensorEncoding::Base64);
   }
   std::cerr << "relpos: wrote " << a.output << " (" << model.network().config().name << ", "

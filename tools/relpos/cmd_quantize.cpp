@@ -53,6 +53,7 @@ std::vector<Tensor> calibration_batches(const QuantizeArgs& a, const Model& mode
                                             << (errors.empty() ? "no images"
                                                                : errors.front().first + ": " + errors.front().second));
     for (const auto& [path, why] : errors) std::cerr << "relpos: skipped calibration image " << path << ": " << why << "\n";
+    if (!errors.empty()) exit_status() = 1;  // as classify and eval: the failures reported, the work done
     const std::size_t n = std::min<std::size_t>(files.size(), static_cast<std::size_t>(a.samples));
     for (std::size_t i = 0; i < n; ++i) {
       const std::string& f = files[i * files.size() / n];
@@ -61,6 +62,7 @@ std::vector<Tensor> calibration_batches(const QuantizeArgs& a, const Model& mode
       } catch (const std::exception& e) {
         std::cerr << "relpos: skipped calibration image " << e.what() << "\n";
         ++skipped;
+        exit_status() = 1;
       }
     }
     RELPOS_CHECK(skipped < n, "--calib " << a.calib << ": none of its " << n << " images could be read");
@@ -73,7 +75,7 @@ void run(const QuantizeArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   RELPOS_USAGE_CHECK(ends_with(a.out, ".json") || ends_with(a.out, ".safetensors"),
                      "--out '" << a.out << "' must end in .json or .safetensors");
-  check_output_file(a.out, "--out", "the int8 model");  // now, not after the calibration
+  check_output_file(a.out, "--out", "the int8 model", a.model.model);  // now, not after the calibration
   QuantizeOptions opt;
   try {
     opt.method = parse_calibration(a.method);
@@ -143,6 +145,20 @@ void register_quantize(CLI::App& app) {
   sub->add_option("-o,--out", a->out, "The int8 model: .json or .safetensors")->required();
   sub->add_option("--method", a->method, "Activation range: minmax, percentile or mse")->capture_default_str();
   sub->add_option("--percentile", a->percentile, "Percentile of |x| taken as the range (--method percentile)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double v = 0.0;
+            std::size_t used = 0;
+            try {
+              v = std::stod(text, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used == 0 || used != text.size() || !(v > 0.0 && v <= 100.0))
+              return "must be a number above 0 and at most 100, got " + text;
+            return std::string();
+          },
+          "(0..100]"))
       ->capture_default_str();
   sub->add_option("--keep-float", a->keep_float, "Layers to keep in float32, comma-separated (names as listed)");
   sub->add_option("--sensitivity-images", a->sensitivity,
