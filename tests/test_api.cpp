@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <random>
+#include <limits>
+#include <cmath>
 #include <thread>
 
 #include "relpos/error.hpp"
@@ -91,6 +93,19 @@ TEST_CASE("images of any depth and channel count go through the same preprocessi
   CHECK(a[0].logit == doctest::Approx(b[0].logit).epsilon(1e-5));
   CHECK(b[0].logit == doctest::Approx(c[0].logit).epsilon(1e-5));
   CHECK_THROWS_AS(m.classify(cv::Mat(), 1), Error);
+  // a float image of NaN was classified as a class with a probability
+  cv::Mat nan_image(28, 28, CV_32FC3, cv::Scalar::all(std::nan("")));
+  CHECK_THROWS_WITH_AS(m.classify(nan_image, 1), doctest::Contains("NaN or infinite pixel values"), Error);
+  gray.convertTo(f32, CV_32F);
+  f32.at<float>(3, 4) = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(m.classify(f32, 1), doctest::Contains("NaN or infinite pixel values"), Error);
+  // top_k: logits of another width gave empty labels; NaN logits a ranking
+  const int classes = m.network().config().num_classes;
+  CHECK_THROWS_WITH_AS(m.top_k(Tensor::zeros({1, classes + 10}), 3), doctest::Contains("do not fit"), Error);
+  Tensor bad = Tensor::zeros({2, classes});
+  bad.data()[classes + 1] = std::nanf("");
+  CHECK_THROWS_WITH_AS(m.top_k(bad, 3), doctest::Contains("the logits of image 1 are not finite"), Error);
+  CHECK(m.top_k(Tensor::zeros({2, classes}), 3).size() == 2);
 }
 
 TEST_CASE("concurrent classify() calls on one loaded model are safe and agree with serial calls") {

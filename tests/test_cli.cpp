@@ -184,6 +184,12 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
   CHECK(r.status == 1);
   CHECK(r.out.find("/nonexistent-folder/cm.png: cannot write the confusion matrix there") != std::string::npos);
+  // a picture's name that OpenCV has no encoder for failed after the evaluation; an empty one was ignored
+  for (const std::string name : {"cm.txt", "''"}) {
+    r = run("eval -m fmnist_conv --data fashion-mnist --png " + name);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--png: the file name must end in .png") != std::string::npos);
+  }
   // so do quantize (before its calibration) and convert
   r = run("quantize -m " + relpos::test::source_dir() + "/models/botnet-fmnist.json --calib fashion-mnist -o /nonexistent-folder/q.json");
   CHECK(r.status == 1);

@@ -52,6 +52,24 @@ json read_json(const std::string& path) { return json::parse(detail::read_file(p
 
 }  // namespace
 
+TEST_CASE("saving: a 255-byte file name, and a link, which stays a link to the new contents") {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  Model m = tiny_model(2);
+  // the temporary "<name>.tmp.<pid>" beside it was over the 255-byte limit of a name
+  const std::string longest = dir.file(std::string(250, 'e') + ".json");
+  m.save_json(longest);
+  check_bit_exact(m, Model::load(longest));
+  // the link was replaced by a plain file, its target left as it was
+  fs::create_directories(dir.file("real"));
+  fs::create_symlink("real/m.safetensors", dir.file("link.safetensors"));
+  m.save_safetensors(dir.file("link.safetensors"));
+  CHECK(fs::is_symlink(dir.file("link.safetensors")));
+  check_bit_exact(m, Model::load(dir.file("real/m.safetensors")));
+  for (const auto& e : fs::directory_iterator(dir.path))  // no temporary left behind
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
 TEST_CASE("JSON weights round-trip bit for bit, base64 and plain numbers") {
   test::TempDir dir;
   Model m = tiny_model();
@@ -234,6 +252,25 @@ TEST_CASE("a safetensors file whose header length starts with the bytes of '{' o
   }
 }
 
+TEST_CASE("--config with a file that carries its own architecture: the same one is fine, another an error") {
+  // JSON weights ignored it silently; relpos safetensors obeyed it (and failed on the tensors' shapes)
+  test::TempDir dir;
+  Model m = tiny_model(4);
+  m.save_json(dir.file("m.json"));
+  m.save_safetensors(dir.file("m.safetensors"));
+  for (const std::string f : {"m.json", "m.safetensors"}) {
+    LoadOptions same, other;
+    same.config = tiny_config();
+    other.config = "fmnist_conv";
+    check_bit_exact(m, Model::load(dir.file(f), same));
+    CHECK_THROWS_WITH_AS(Model::load(dir.file(f), other),
+                         doctest::Contains((f + ": the file carries its own architecture ('" + m.network().config().name +
+                                            "'), which differs from --config fmnist_conv")
+                                               .c_str()),
+                         Error);
+  }
+}
+
 TEST_CASE("malformed safetensors files fail with a message naming the problem") {
   test::TempDir dir;
   Model m = tiny_model();
@@ -241,7 +278,9 @@ TEST_CASE("malformed safetensors files fail with a message naming the problem") 
   const std::string good = detail::read_file(dir.file("ok.safetensors"));
 
   write_text(dir.file("short"), std::string("abc"));
-  CHECK_THROWS_WITH_AS(Model::load(dir.file("short")), doctest::Contains("shorter than the 8-byte header length"), Error);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("short")), doctest::Contains("short: not a model file (only 3 bytes)"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile::read(dir.file("short")), doctest::Contains("shorter than the 8-byte header length"),
+                       Error);
 
   std::string truncated_header = good.substr(0, 100);
   write_text(dir.file("trunc_header"), truncated_header);
@@ -357,9 +396,33 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
     j["config"].erase("stem");
     expect(j, "bad.json: model config: missing \"stem\"");
   }
+  {
+    json j = good;
+    j["version"] = "1";
+    expect(j, "bad.json: \"version\" must be a whole number, got \"1\"");
+  }
   write_text(dir.file("trunc.json"), detail::read_file(dir.file("ok.json")).substr(0, 5000));
   CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc.json")), doctest::Contains("not valid JSON"), Error);
+  try {  // the parser's "last read" text was 5000 characters of base64 here
+    Model::load(dir.file("trunc.json"));
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).size() < 400);
+  }
   CHECK_THROWS_WITH_AS(Model::load(tiny_config()), doctest::Contains("model config without weights"), Error);
+  // files that are neither JSON objects nor safetensors say what they hold (they were read as
+  // safetensors with a header "larger than the 100 MiB limit")
+  write_text(dir.file("list.json"), "[1, 2, 3, 4, 5, 6, 7, 8, 9]");
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("list.json")),
+                       doctest::Contains("list.json: not a model file (JSON whose top level is not an object: it starts "
+                                         "with '[')"),
+                       Error);
+  write_text(dir.file("null.json"), "null");
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("null.json")), doctest::Contains("null.json: not a model file (only 4 bytes)"),
+                       Error);
+  write_text(dir.file("image.json"), std::string("\x89PNG\r\n\x1a\n") + std::string(64, '\0'));
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("image.json")), doctest::Contains("image.json: not a model file (a PNG image)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(read_labels(dir.path), doctest::Contains((dir.path + ": is a folder; expected a labels file").c_str()), Error);
 }
 
 TEST_CASE("model configs reject unknown keys and impossible values") {

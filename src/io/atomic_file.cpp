@@ -14,8 +14,30 @@
 
 namespace relpos::detail {
 
-void write_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+namespace {
+// The file a path names: a link is followed (to where it points), so that the link stays a link and
+// its target gets the new contents, as with a plain write.
+std::string link_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p.string();
+}
+}  // namespace
+
+void write_atomically(const std::string& requested, const std::function<void(std::ostream&)>& write) {
+  const std::string path = link_target(requested);
+  // "<name>.tmp.<pid>" beside it; a name too long for that suffix gets a short temporary name
+  const std::string suffix = ".tmp." + std::to_string(::getpid());
+  const std::filesystem::path p(path);
+  const std::string tmp = p.filename().string().size() + suffix.size() <= 255
+                              ? path + suffix
+                              : (p.parent_path() / (".relpos" + suffix)).string();
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

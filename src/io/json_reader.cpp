@@ -22,6 +22,16 @@ std::string printable_utf8(const std::string& text) {
   return json::parse(quoted).get<std::string>();
 }
 
+std::string short_parse_error(const std::exception& e) {
+  std::string m = e.what();
+  const std::string mark = "last read: '";
+  const std::size_t at = m.find(mark);
+  const std::size_t keep = 48;
+  if (at != std::string::npos && m.size() > at + mark.size() + keep + 1)
+    m = m.substr(0, at + mark.size() + keep) + "...'";
+  return m;
+}
+
 json read_json_file(const std::string& path) {
   std::error_code ec;
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
@@ -29,7 +39,7 @@ json read_json_file(const std::string& path) {
   try {
     return json::parse(read_file(path), refuse_duplicate_keys<json>(path));
   } catch (const json::exception& e) {
-    RELPOS_FAIL(path << ": not valid JSON (" << e.what() << ")");
+    RELPOS_FAIL(path << ": not valid JSON (" << short_parse_error(e) << ")");
   }
 }
 

@@ -24,6 +24,10 @@ bool valid_utf8(const std::string& text);
 // text for a message: its bytes that are not valid UTF-8 shown as U+FFFD.
 std::string printable_utf8(const std::string& text);
 
+// A JSON parse error's message with its "last read" text cut to a few dozen characters (a cut-off
+// weights file would quote kilobytes of base64).
+std::string short_parse_error(const std::exception& e);
+
 // A parser callback (Json::parse(text, callback)) that refuses a key given twice in one object,
 // naming `where`, the key and the object holding it: the JSON library would keep the last value
 // silently (a tensor, a label list or a config value overridden without a word).

@@ -120,6 +120,9 @@ cv::Mat to_channels(const cv::Mat& in, ChannelOrder channels) {
   RELPOS_CHECK(!in.empty(), "empty image");
   RELPOS_CHECK(in.dims == 2 && (in.channels() == 1 || in.channels() == 3 || in.channels() == 4),
                "images must be 2-D with 1, 3 or 4 channels, got " << in.channels() << " channels");
+  // a float image's NaN or infinity would reach the logits as a confident-looking class
+  RELPOS_CHECK((in.depth() != CV_32F && in.depth() != CV_64F) || cv::checkRange(in),
+               "the image has NaN or infinite pixel values");
   cv::Mat img = in;
   if (img.depth() == CV_16U) img.convertTo(img, CV_8U, 1.0 / 257.0);
   else if (img.depth() != CV_8U && img.depth() != CV_32F) img.convertTo(img, CV_32F);

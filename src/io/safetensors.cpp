@@ -92,7 +92,7 @@ SafetensorsFile SafetensorsFile::parse(std::vector<char> bytes, const std::strin
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    RELPOS_FAIL(what << ": the safetensors header is not valid JSON (" << e.what() << ")");
+    RELPOS_FAIL(what << ": the safetensors header is not valid JSON (" << detail::short_parse_error(e) << ")");
   }
   RELPOS_CHECK(header.is_object(), what << ": the safetensors header must be a JSON object");
   const std::uint64_t data_size = size - f.data_start_;

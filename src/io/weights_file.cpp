@@ -2,6 +2,9 @@
 #include "io/weights_file.hpp"
 
 #include <cmath>
+#include <cctype>
+#include <sstream>
+#include <iomanip>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -124,7 +127,8 @@ ModelFile read_json_weights(const std::string& path) {
   }
   RELPOS_CHECK(j["format"].is_string() && j["format"] == kFormat,
                path << ": not a relpos weights file (format " << j["format"].dump() << ", expected \"" << kFormat << "\")");
-  RELPOS_CHECK(j.contains("version") && j["version"].is_number_integer(), path << ": missing integer \"version\"");
+  RELPOS_CHECK(j.contains("version"), path << ": missing \"version\"");
+  RELPOS_CHECK(j["version"].is_number_integer(), path << ": \"version\" must be a whole number, got " << j["version"].dump());
   const int version = j["version"].get<int>();
   RELPOS_CHECK(version == kVersion || version == kVersionInt8,
                path << ": weights format version " << version << " is not supported (this relpos reads versions "
@@ -155,16 +159,31 @@ ModelFile read_json_weights(const std::string& path) {
   return fc;
 }
 
+namespace {
+// --config names the architecture of a file that has none (a timm checkpoint). A file that carries
+// its own keeps it: another one given is an error, not silently ignored (or obeyed for one format).
+void check_config_agrees(const ModelConfig& own, const ModelConfig& given, const std::string& config) {
+  json a = own.to_json(), b = given.to_json();
+  a.erase("name");
+  b.erase("name");
+  RELPOS_CHECK(a == b, "the file carries its own architecture ('" << own.name << "'), which differs from --config "
+                                                                   << config << " ('" << given.name
+                                                                   << "'); --config is for files without one, such "
+                                                                      "as timm checkpoints");
+}
+}  // namespace
+
 ModelFile read_safetensors_weights(const std::string& path, const std::string& config) {
   const SafetensorsFile f = SafetensorsFile::read(path);
   ModelFile fc, shipped;  // shipped: the config named by `config`, read once
   const auto& meta = f.metadata();
   try {
-    if (!config.empty()) {
-      shipped = read_config_file(config);
-      fc.config = shipped.config;
-    } else if (meta.count("relpos.config")) {
+    if (!config.empty()) shipped = read_config_file(config);
+    if (meta.count("relpos.config")) {
       fc.config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
+      if (!config.empty()) check_config_agrees(fc.config, shipped.config, config);
+    } else if (!config.empty()) {
+      fc.config = shipped.config;
     } else {
       RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture with "
                   "--config (a config file or a shipped name such as botnet26t_256)");
@@ -228,6 +247,23 @@ struct TopLevelKeys : nlohmann::json_sax<json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 };
 
+// For the message about a file that is neither JSON nor safetensors: what it seems to hold.
+std::string what_file_holds(const unsigned char* head, std::uintmax_t size, char first) {
+  const auto starts = [&](const char* magic, std::size_t n) { return size >= n && std::memcmp(head, magic, n) == 0; };
+  if (starts("\x89PNG", 4)) return "a PNG image";
+  if (starts("\xFF\xD8\xFF", 3)) return "a JPEG image";
+  if (starts("GIF8", 4)) return "a GIF image";
+  if (starts("RIFF", 4) && size >= 12) return "a RIFF file (a WebP image?)";
+  if (size < 9) return "only " + std::to_string(size) + " bytes";
+  if (first == '[' || first == '"' || first == '-' || std::isdigit(static_cast<unsigned char>(first)) || first == 't' ||
+      first == 'f' || first == 'n')
+    return std::string("JSON whose top level is not an object: it starts with '") + first + "'";
+  std::ostringstream os;
+  os << "its first bytes are" << std::hex;
+  for (int i = 0; i < 8; ++i) os << ' ' << std::setw(2) << std::setfill('0') << static_cast<int>(head[i]);
+  return os.str();
+}
+
 }  // namespace
 
 ModelFileKind model_file_kind(const std::string& path) {
@@ -240,12 +276,15 @@ ModelFileKind model_file_kind(const std::string& path) {
   // safetensors: an 8-byte little-endian header length that fits the file, then the header's '{'.
   // Checked first, since the length's own bytes may be a space or a '{' (0x7B20 is both). No JSON
   // text passes: its eighth byte is printable or white space, which makes the length at least 2^57.
-  unsigned char head[9];
+  unsigned char head[9] = {};
   const auto file_size = std::filesystem::file_size(path, ec);
-  if (!ec && in.read(reinterpret_cast<char*>(head), 9) && head[8] == '{') {
+  bool safetensors_like = false;  // the header's '{', or a header length that fits the file
+  if (!ec && in.read(reinterpret_cast<char*>(head), 9)) {
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | head[i];
-    if (n <= file_size - 8) return ModelFileKind::Safetensors;
+    const bool fits = n >= 2 && n <= file_size - 8;
+    if (fits && head[8] == '{') return ModelFileKind::Safetensors;
+    safetensors_like = fits || head[8] == '{';
   }
   in.clear();
   in.seekg(0);
@@ -258,7 +297,10 @@ ModelFileKind model_file_kind(const std::string& path) {
   }
   while (in.get(c)) {
     if (std::isspace(static_cast<unsigned char>(c))) continue;
-    if (c != '{') return ModelFileKind::Safetensors;
+    // a damaged safetensors file (its length does not fit): its reader names the damage
+    if (c != '{' && safetensors_like) return ModelFileKind::Safetensors;
+    RELPOS_CHECK(c == '{', path << ": not a model file (" << what_file_holds(head, ec ? 0 : file_size, c)
+                                << "); relpos reads weights and configs as JSON objects and safetensors files");
     // JSON: a weights file has "format" or "tensors" at the top; a config has "stages" and neither.
     // Read as a stream of events that stops at the first telling key, so that a large weights
     // file is not parsed here as well as by its reader.
@@ -277,9 +319,14 @@ ModelFile read_weights_file(const std::string& path, const std::string& config) 
                        "Model::create or Model::open) or pass weights");
   if (kind == ModelFileKind::Safetensors) return read_safetensors_weights(path, config);
   ModelFile fc = read_json_weights(path);
-  if (!config.empty() && (!fc.preprocess || fc.labels.empty())) {
+  if (!config.empty()) {
     // a shipped config may carry the preprocessing and labels its weights were trained with
     ModelFile c = read_config_file(config);
+    try {
+      check_config_agrees(fc.config, c.config, config);
+    } catch (const Error& e) {
+      RELPOS_FAIL(path << ": " << e.what());
+    }
     if (!fc.preprocess) fc.preprocess = c.preprocess;
     if (fc.labels.empty()) fc.labels = std::move(c.labels);
   }

@@ -74,8 +74,14 @@ Tensor Model::logits(const Tensor& batch) const {
 std::vector<std::vector<Prediction>> Model::top_k(const Tensor& logits, int k) const {
   RELPOS_CHECK(k >= 1, "topk must be at least 1, got " << k);
   RELPOS_CHECK(logits.ndim() == 2, "top_k needs (N, classes) logits, got " << logits.describe());
+  RELPOS_CHECK(logits.dim(1) == network_.config().num_classes,
+               "top_k: logits " << logits.describe() << " do not fit " << network_.config().name << ", which has "
+                                << network_.config().num_classes << " classes");
   const auto v = logits.to_vector();
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    RELPOS_CHECK(std::isfinite(v[i]), "top_k: the logits of image " << i / static_cast<std::size_t>(c)
+                                                                    << " are not finite (" << v[i] << ")");
   k = std::max(1, std::min<int>(k, static_cast<int>(c)));
   std::vector<std::vector<Prediction>> out(static_cast<std::size_t>(n));
   std::vector<int> order(static_cast<std::size_t>(c));
@@ -220,6 +226,9 @@ Preprocess default_preprocess(const ModelConfig& config) {
 }
 
 std::vector<std::string> read_labels(const std::string& path) {
+  std::error_code ec;
+  RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such labels file");
+  RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a folder; expected a labels file (one label per line)");
   std::ifstream in(path);
   RELPOS_CHECK(in, path << ": cannot open the labels file");
   std::vector<std::string> out;

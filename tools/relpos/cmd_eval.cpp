@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iomanip>
+#include <cctype>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -167,7 +168,15 @@ void register_eval(CLI::App& app) {
                   "Run the model at this input size (N or HxW): position tables sized for its own input (relative "
                   "without clip, absolute) are resampled (docs/attention.md)");
   sub->add_flag("-q,--quiet", a->quiet, "No progress bar");
-  sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file");
+  sub->add_option("--png", a->png, "Also draw the confusion matrix into this PNG file")
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            std::string lower = name;
+            for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            const bool png = lower.size() > 4 && lower.compare(lower.size() - 4, 4, ".png") == 0;
+            return png ? std::string() : "the file name must end in .png, got '" + name + "'";
+          },
+          "FILE.png"));
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--compare", a->compare,
                   "Also score this model on the same images (at the same --input-size, with the same flags) and print "
