@@ -184,6 +184,10 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
   CHECK(r.status == 1);
   CHECK(r.out.find("/nonexistent-folder/cm.png: cannot write the confusion matrix there") != std::string::npos);
+  // a command that is not one was "A subcommand is required"
+  r = run("clasify x.png");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("'clasify' is not a relpos command (classify, eval, train") != std::string::npos);
   // a picture's name that OpenCV has no encoder for failed after the evaluation; an empty one was ignored
   for (const std::string name : {"cm.txt", "''"}) {
     r = run("eval -m fmnist_conv --data fashion-mnist --png " + name);

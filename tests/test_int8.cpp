@@ -475,7 +475,7 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   relpos::test::make_pattern_dataset(dir.file("pat"), 4, 1);
   std::filesystem::create_symlink(dir.file("gone.png"), dir.file("pat/lost.png"));  // skipped, and said so
   r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -n 8 -o " + dir.file("q.json") +
-              " --keep-float stem --sensitivity-images 2");
+              " --keep-float 'stem, stages.0.0.conv1_1x1' --keep-float stages.1.1.self_attn.qkv --sensitivity-images 2");
   // the skipped image is a reported failure (exit 1, as classify and eval), the model still written
   CHECK(r.status == 1);
   REQUIRE(std::filesystem::exists(dir.file("q.json")));
@@ -484,6 +484,13 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   std::filesystem::remove(dir.file("pat/lost.png"));
   CHECK(r.out.find("stages.1.1.self_attn.qkv") != std::string::npos);
   CHECK(r.out.find("sensitivity") != std::string::npos);
+  // --keep-float: "a, b" (a space after the comma was refused) and repeated (CLI11's raw error)
+  for (const std::string layer : {"stem", "stages.0.0.conv1_1x1", "stages.1.1.self_attn.qkv"}) {
+    const std::size_t at = r.out.find("\n" + layer + " ");
+    REQUIRE(at != std::string::npos);
+    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+    CHECK(line.find(" float ") != std::string::npos);
+  }
   // an int8 model cannot be quantized again
   r = run_cli("quantize -m " + dir.file("q.json") + " --calib " + dir.file("pat") + " -o " + dir.file("q2.json"));
   CHECK(r.status == 1);

@@ -81,6 +81,13 @@ TEST_CASE("Model::open takes a weights file, a config file or a shipped config's
   CHECK_THROWS_WITH_AS(Model::open(dir.file("missing.json")), doctest::Contains("missing.json: no such file"), relpos::Error);
   CHECK_THROWS_WITH_AS(Model::open("no-such-model"), doctest::Contains("'no-such-model' is neither a file nor a config"), relpos::Error);
   CHECK_THROWS_WITH_AS(Model::open(dir.path), doctest::Contains("is a directory"), relpos::Error);
+  // RELPOS_MODELS set but empty is as unset (it searched the folder "")
+  const char* before = std::getenv("RELPOS_MODELS");
+  const std::string saved = before ? before : "";
+  setenv("RELPOS_MODELS", "", 1);
+  CHECK(Model::open("botnet-fmnist").labels().size() == 10);
+  if (before) setenv("RELPOS_MODELS", saved.c_str(), 1);
+  else unsetenv("RELPOS_MODELS");
 }
 
 TEST_CASE("enums: every value's name parses back; unknown names list the known ones") {

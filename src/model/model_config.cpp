@@ -164,7 +164,7 @@ json ModelConfig::to_json() const {
 }
 
 std::string models_dir() {
-  if (const char* env = std::getenv("RELPOS_MODELS")) return env;
+  if (const char* env = std::getenv("RELPOS_MODELS"); env && *env) return env;  // set but empty: as unset
   namespace fs = std::filesystem;
   // Installed: <prefix>/<libdir>/librelpos.so and <prefix>/<datadir>/relpos/models.
   Dl_info info{};

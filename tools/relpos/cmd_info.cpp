@@ -40,14 +40,17 @@ void run(const InfoArgs& a) {
       kind_w = std::max(kind_w, static_cast<int>(r.kind.size()) + 2);
     }
     std::cout << std::left << std::setw(name_w) << "layer" << std::setw(kind_w) << "kind" << std::setw(16) << "output"
-              << std::right << std::setw(12) << "params" << std::setw(12) << "MMACs" << "\n";
+              << std::right << std::setw(12) << "params"
+              << std::setw(14) << (a.batch == 1 ? std::string("MMACs") : "MMACs (b" + std::to_string(a.batch) + ")") << "\n";
     for (const auto& r : rows)
       std::cout << std::left << std::setw(name_w) << r.name << std::setw(kind_w) << r.kind << std::setw(16)
-                << shape_str(r.out_shape) << std::right << std::setw(12) << r.params << std::setw(12) << std::fixed
+                << shape_str(r.out_shape) << std::right << std::setw(12) << r.params << std::setw(14) << std::fixed
                 << std::setprecision(2) << static_cast<double>(r.macs) / 1e6 << "\n";
   }
   std::cout << std::fixed << std::setprecision(2) << "total: " << static_cast<double>(net.num_params()) / 1e6
-            << " M parameters, " << static_cast<double>(macs) / 1e9 / a.batch << " GMACs per image\n";
+            << " M parameters, " << static_cast<double>(macs) / 1e9 / a.batch << " GMACs per image";
+  if (a.batch > 1) std::cout << " (" << static_cast<double>(macs) / 1e9 << " for the batch of " << a.batch << ")";
+  std::cout << "\n";
   {
     const ModelConfig::Estimate e = net.config().estimate();
     std::cout << std::setprecision(1) << "memory estimate: " << e.param_bytes / (1 << 20) << " MiB of parameters + "

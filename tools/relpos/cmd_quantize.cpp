@@ -1,4 +1,5 @@
 // relpos quantize: a float model to an int8 one (docs/int8.md), calibrated on images.
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -15,7 +16,8 @@ namespace relpos::cli {
 namespace {
 struct QuantizeArgs {
   ModelOptions model;
-  std::string calib, out, method = "percentile", keep_float;
+  std::string calib, out, method = "percentile";
+  std::vector<std::string> keep_float;
   double percentile = 99.99;
   int samples = 1000, batch = 50, sensitivity = 32;
   bool quiet = false;
@@ -84,11 +86,12 @@ void run(const QuantizeArgs& a) {
   }
   opt.percentile = a.percentile;
   opt.sensitivity_images = a.sensitivity;
-  if (!a.keep_float.empty()) {
-    std::stringstream ss(a.keep_float);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) opt.keep_float.push_back(item);
+  for (std::string item : a.keep_float) {  // "a, b" and repeated flags as "a,b"
+    const auto space = [](unsigned char c) { return std::isspace(c) != 0; };
+    while (!item.empty() && space(static_cast<unsigned char>(item.back()))) item.pop_back();
+    std::size_t first = 0;
+    while (first < item.size() && space(static_cast<unsigned char>(item[first]))) ++first;
+    if (first < item.size()) opt.keep_float.push_back(item.substr(first));
   }
   Model model = a.model.load();
   RELPOS_CHECK(model.device() == Device::CPU, "quantize runs on the CPU (int8 models run on the CPU only)");
@@ -116,8 +119,9 @@ void run(const QuantizeArgs& a) {
                                         << std::defaultfloat;
       std::cout << "\n";
     }
-    std::cout << "(sensitivity: relative RMS error of the logits with only that layer in int8, on "
-              << r.check_images << " calibration images)\n";
+    if (r.check_images > 0)
+      std::cout << "(sensitivity: relative RMS error of the logits with only that layer in int8, on "
+                << r.check_images << " calibration images)\n";
     if (r.check_images > 0)
       std::cout << std::fixed << std::setprecision(4) << "int8 model on those images: logits error "
                 << r.logits_error << ", top-1 agreement with float " << std::setprecision(2)
@@ -160,7 +164,9 @@ void register_quantize(CLI::App& app) {
           },
           "(0..100]"))
       ->capture_default_str();
-  sub->add_option("--keep-float", a->keep_float, "Layers to keep in float32, comma-separated (names as listed)");
+  sub->add_option("--keep-float", a->keep_float, "Layers to keep in float32, comma-separated or repeated (names as listed)")
+      ->delimiter(',')
+      ->type_name("LAYER[,LAYER...]");
   sub->add_option("--sensitivity-images", a->sensitivity,
                   "Calibration images to measure each layer's sensitivity on (0: skip)")
       ->check(kNonNegative)

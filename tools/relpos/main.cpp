@@ -66,7 +66,14 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success))
       return with_output_checked(app.exit(e));  // --help, --version
     // A usage error: the message, the usage line, exit 2 (as getopt-style tools do).
-    std::cerr << "relpos: error: " << e.what() << "\n" << usage_line(app) << "\n";
+    std::string message = e.what();
+    if (app.get_subcommands().empty() && (argc == 1 || argv[1][0] != '-')) {  // no command, or not one
+      message = argc == 1 ? "no command given (" : "'" + std::string(argv[1]) + "' is not a relpos command (";
+      const auto all = app.get_subcommands([](CLI::App*) { return true; });
+      for (std::size_t i = 0; i < all.size(); ++i) message += (i ? ", " : "") + all[i]->get_name();
+      message += ")";
+    }
+    std::cerr << "relpos: error: " << message << "\n" << usage_line(app) << "\n";
     return relpos::cli::kExitUsage;
   } catch (const relpos::cli::UsageError& e) {
     std::cerr << "relpos: error: " << e.what() << "\n" << usage_line(app) << "\n";
