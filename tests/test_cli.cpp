@@ -184,6 +184,12 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   r = run("eval -m fmnist_conv --data fashion-mnist --png /nonexistent-folder/cm.png");
   CHECK(r.status == 1);
   CHECK(r.out.find("/nonexistent-folder/cm.png: cannot write the confusion matrix there") != std::string::npos);
+  // eval --split train on a folder of class folders scored it and called it "train"
+  relpos::test::make_pattern_dataset(dir.file("pat"), 2, 1);
+  std::filesystem::rename(dir.file("pat/test"), dir.file("flat"));
+  r = run("eval -m fmnist_conv --data " + dir.file("flat") + " --split train");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--split train: " + dir.file("flat") + " has no train/ folder") != std::string::npos);
   // a command that is not one was "A subcommand is required"
   r = run("clasify x.png");
   CHECK(r.status == 2);

@@ -98,6 +98,16 @@ void run(const EvalArgs& a) {
     same_class = class_map(model, *m2, a.compare);
   }
   // Class folders are matched to the model's labels by name (docs/datasets.md).
+  // a folder of class folders (no train/ or test/) is one set: scoring it as "train" would say what it is not
+  if (a.split == "train" && a.data != "fashion-mnist" && a.data != "fmnist") {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const bool flat = fs::is_directory(a.data, ec) && !fs::is_directory(fs::path(a.data) / "train", ec) &&
+                      !fs::is_directory(fs::path(a.data) / "test", ec) && !fs::is_directory(fs::path(a.data) / "val", ec);
+    RELPOS_USAGE_CHECK(!flat,
+                       "--split train: " << a.data << " has no train/ folder (a folder of class folders is evaluated "
+                                                      "as it is, without --split)");
+  }
   const auto base = open_dataset(a.data, a.split, model.labels());
   std::optional<CanvasDataset> on_canvas;
   if (a.canvas > 0) on_canvas.emplace(*base, a.canvas);
