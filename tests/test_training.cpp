@@ -19,6 +19,7 @@
 #include "relpos/optim.hpp"
 #include "relpos/runtime.hpp"
 #include "relpos/safetensors.hpp"
+#include "io/weights_file.hpp"
 #include "relpos/trainer.hpp"
 #include "test_util.hpp"
 
@@ -362,11 +363,30 @@ TEST_CASE("a new run refuses a folder holding an earlier run's results unless to
   fs::remove(dir.path + "/run/checkpoint.safetensors");
   CHECK_THROWS_WITH_AS(train(again, o), doctest::Contains("/run/model.json: the output folder holds"), Error);
   o.overwrite = true;
+  std::ofstream(dir.path + "/run/best.safetensors") << "an earlier run's";  // left beside the new run's before
   CHECK(train(again, o).history.size() == 1);
   CHECK(fs::exists(dir.path + "/run/checkpoint.safetensors"));
-  // resuming continues its own folder: no refusal
+  CHECK_FALSE(fs::exists(dir.path + "/run/best.safetensors"));
+  // resuming continues its own folder: no refusal; the run ended at a rate of 0, so going on needs one
   o.epochs = 2;
-  CHECK(train(again, o, dir.path + "/run/checkpoint.safetensors", nullptr, 2).history.size() == 2);
+  const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
+  CHECK_THROWS_WITH_AS(train(again, o, ckpt, nullptr, 2), doctest::Contains("goes on at a learning rate of 0"), Error);
+  o.extend_lr = 0.01f;
+  CHECK(train(again, o, ckpt, nullptr, 2).history.size() == 2);
+  CHECK_THROWS_WITH_AS(train(again, o, ckpt, nullptr, 2), doctest::Contains("needs more epochs than the run's 2"), Error);
+  // a weights file is not a checkpoint: said so, with what to use instead
+  CHECK_THROWS_WITH_AS(train(again, o, dir.path + "/run/model.json", nullptr, 3),
+                       doctest::Contains("a weights JSON file, not a training checkpoint"), Error);
+  // --save naming the run's own checkpoint replaced it with weights JSON (the run could not resume)
+  TrainOptions fresh = o;
+  fresh.extend_lr = 0.0f;
+  fresh.epochs = 1;
+  fresh.out = dir.path + "/run2";
+  fresh.save = dir.path + "/run2/checkpoint.safetensors";
+  CHECK_THROWS_WITH_AS(train(again, fresh), doctest::Contains("--save names the run's own checkpoint.safetensors"), Error);
+  fresh.save = dir.path + "/saved.safetensors";  // by its name: safetensors
+  CHECK(train(again, fresh).saved == fresh.save);
+  CHECK(detail::model_file_kind(fresh.save) == detail::ModelFileKind::Safetensors);
 }
 
 TEST_CASE("a training run keeps one thread count while another process loads the machine") {

@@ -89,7 +89,7 @@ struct TrainOptions {
   // best.safetensors, model.json, log.csv), as they would be replaced; true replaces them. A resumed
   // run continues in its own folder. How to run, not the recipe (a checkpoint does not keep it).
   bool overwrite = false;
-  std::string save;       // also write the trained model (weights JSON) here at the end ("": no)
+  std::string save;       // also write the trained model here at the end: safetensors for a .safetensors name, else weights JSON ("": no)
   // Called on the training thread after every step, at each epoch's end and with warnings; empty:
   // train() runs silently. Not part of the recipe (a checkpoint does not keep it).
   std::function<void(const TrainEvent&)> on_event;

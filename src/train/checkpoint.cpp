@@ -165,10 +165,17 @@ void save_checkpoint(const std::string& path, const Model& model, const Optimize
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  // what else it may be, named: a folder, weights (JSON or safetensors), not a model file at all
+  const ModelFileKind kind = model_file_kind(path);
+  RELPOS_CHECK(kind == ModelFileKind::Safetensors,
+               path << ": " << (kind == ModelFileKind::Config ? "a model config" : "a weights JSON file")
+                    << ", not a training checkpoint (checkpoint.safetensors in a run's folder); to start from its "
+                       "weights, use --init (TrainOptions::init)");
   const SafetensorsFile f = SafetensorsFile::read(path);
   const auto& meta = f.metadata();
   RELPOS_CHECK(meta.count("relpos.format") && meta.at("relpos.format") == "relpos-checkpoint",
-               path << ": not a relpos training checkpoint");
+               path << ": not a relpos training checkpoint"
+                    << (meta.count("relpos.format") ? " (weights; to start from them, use --init)" : ""));
   Checkpoint c;
   const auto entry = [&](const std::string& key) -> const std::string& {
     const auto it = meta.find(key);

@@ -221,7 +221,16 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     check_writable_folder(opts.out, "the output folder");
     folder_lock.emplace(opts.out);  // before the check: a run that starts after this one sees it
     if (!ck && !opts.overwrite) check_fresh_output(opts.out);
+    if (!ck && opts.overwrite)  // a new run replaces the earlier one's results, none left beside its own
+      for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"})
+        fs::remove(fs::path(opts.out) / f, ec);
     if (!opts.save.empty()) {
+      for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"}) {
+        const fs::path own = fs::path(opts.out) / f;
+        RELPOS_CHECK(!(fs::path(opts.save).lexically_normal() == fs::absolute(own).lexically_normal() ||
+                       fs::equivalent(opts.save, own, ec)),
+                     opts.save << ": --save names the run's own " << f << " (in its output folder); give another file");
+      }
       const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
       RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");
       RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
@@ -363,16 +372,22 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   sched.base.warmup_steps = static_cast<long>(opts.warmup_epochs * static_cast<float>(per_epoch));
   sched.base.total_steps = static_cast<long>(per_epoch) * planned_epochs;
   sched.segments = prog.lr_segments;
+  RELPOS_CHECK(opts.epochs != planned_epochs || opts.extend_lr <= 0.0f,
+               "a learning rate for an extension (--lr with --resume, TrainOptions::extend_lr) needs more epochs than "
+               "the run's " << planned_epochs << " (--epochs N); it was given with " << opts.epochs);
   if (opts.epochs != planned_epochs) {
     const float from = sched.at(prog.step);
     sched.extend(prog.step, static_cast<long>(per_epoch) * opts.epochs, opts.extend, opts.extend_lr);
+    // at a rate of 0 the extension would train nothing, yet move the batch-norm statistics
+    RELPOS_CHECK(sched.segments.back().lr > 0.0f,
+                 "the run goes on at a learning rate of 0 (where it ended), which trains nothing and only moves "
+                 "the batch-norm statistics; give the extension's rate with --lr (TrainOptions::extend_lr)");
     prog.lr_segments = sched.segments;
     std::ostringstream os;
     os << "the run goes on to " << opts.epochs << " epochs (planned: " << planned_epochs << "); the learning rate "
        << (opts.extend == "constant" ? "stays at " : "follows a new cosine from ") << sched.segments.back().lr;
     if (opts.extend_lr > 0.0f) os << " (given; it was " << from << ")";
     if (opts.extend != "constant") os << " to " << opts.min_lr;
-    if (sched.segments.back().lr <= 0.0f) os << " (a rate of 0 leaves the weights as they are: give --lr to train on)";
     note(os.str());
   }
   const auto run_start = Clock::now();
@@ -547,7 +562,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   }
   final_model->save_json((fs::path(opts.out) / "model.json").string());
   if (!opts.save.empty()) {
-    final_model->save_json(opts.save);
+    const bool st = opts.save.size() > 12 && opts.save.compare(opts.save.size() - 12, 12, ".safetensors") == 0;
+    if (st) final_model->save_safetensors(opts.save);
+    else final_model->save_json(opts.save);
     result.saved = opts.save;
   }
   if (val_data && test_set) {  // the test set, once
