@@ -190,6 +190,13 @@ TEST_CASE("bad model files and options fail with a message and status 1, never a
   r = run("eval -m fmnist_conv --data " + dir.file("flat") + " --split train");
   CHECK(r.status == 2);
   CHECK(r.out.find("--split train: " + dir.file("flat") + " has no train/ folder") != std::string::npos);
+  // both of a pair of opposite flags: the last one won silently
+  r = run("classify -m fmnist_conv --rgb --bgr x.png");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--rgb excludes --bgr") != std::string::npos);
+  r = run("classify -m fmnist_conv --no-crop --crop x.png");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--crop excludes --no-crop") != std::string::npos);
   // a command that is not one was "A subcommand is required"
   r = run("clasify x.png");
   CHECK(r.status == 2);

@@ -244,6 +244,18 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   fs::create_directory_symlink(dir.path + "/gone", dir.path + "/train/stripes");
   CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
                        doctest::Contains((dir.path + "/train/stripes: broken symbolic link").c_str()), Error);
+  fs::remove(dir.path + "/train/stripes");
+  // hidden entries are not data: a notebook's checkpoint folder was a class ("holds no images", or one
+  // with no test folder), macOS's "._name.png" an image that does not decode; .jfif/.jpe/.dib are images
+  fs::create_directories(dir.path + "/train/.ipynb_checkpoints");
+  fs::copy_file(dots + "/000.png", dir.path + "/train/.ipynb_checkpoints/000.png");
+  std::ofstream(dots + "/._000.png") << "AppleDouble";
+  fs::create_directories(dots + "/.hidden");
+  fs::copy_file(dots + "/000.png", dots + "/.hidden/000.png");
+  fs::copy_file(dots + "/000.png", dots + "/photo.jfif");
+  const auto with_hidden = open_dataset(dir.path, "train");
+  CHECK(with_hidden->classes().size() == 3);
+  CHECK(with_hidden->size() == 14);  // 13 and the .jfif
 }
 
 TEST_CASE("the data loader restarts epochs while its workers are busy, and every epoch is complete and right") {

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <cmath>
 #include <cstring>
@@ -123,7 +124,14 @@ DataLoader::Impl::Impl(const Dataset& data, const Preprocess& pre, Options optio
   for (std::size_t i = 0; i < data.size(); ++i) bad_[i] = false;
   for (int k = 0; k < 3; ++k) fill_[static_cast<std::size_t>(k)] = (0.0f - pre_.mean[static_cast<std::size_t>(k)]) / pre_.std[static_cast<std::size_t>(k)];
   const int workers = std::max(1, opt_.workers);
-  for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+  try {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+  } catch (const std::system_error& e) {  // a thread limit (ulimit -u): the started ones end before the error
+    const std::size_t started = threads_.size();
+    stop();
+    RELPOS_FAIL("cannot start data-loading worker " << started + 1 << " of " << workers << " (" << e.what()
+                                                    << "); use fewer workers (--workers, TrainOptions::workers)");
+  }
 }
 
 void DataLoader::Impl::stop() {

@@ -107,6 +107,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
   std::vector<std::string> folders;
   for (const auto& e : fs::directory_iterator(root)) {
     std::error_code ec;
+    if (e.path().filename().string().rfind('.', 0) == 0) continue;  // hidden (.ipynb_checkpoints/): not a class
     if (e.is_directory(ec)) folders.push_back(e.path().filename().string());
     // a class folder's link whose target is gone would silently drop that class
     RELPOS_CHECK(!(e.is_symlink(ec) && !fs::exists(e.path(), ec)),

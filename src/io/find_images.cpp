@@ -37,6 +37,8 @@ struct Walk {
     std::vector<fs::path> subfolders;
     for (; it != fs::directory_iterator(); it.increment(ec)) {
       const fs::path p = it->path();
+      // hidden entries (.ipynb_checkpoints/, macOS's ._name.png, .git/) are not the user's images
+      if (p.filename().string().rfind('.', 0) == 0) continue;
       std::error_code se;
       const fs::file_status st = fs::status(p, se);  // through links
       if (fs::is_directory(st)) {

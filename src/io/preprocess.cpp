@@ -231,7 +231,8 @@ bool has_image_extension(const std::string& path) {
   if (dot == std::string::npos || path.find('/', dot) != std::string::npos) return false;
   std::string ext = path.substr(dot);
   for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (const char* e : {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"})
+  for (const char* e : {".png", ".jpg", ".jpeg", ".jpe", ".jfif", ".bmp", ".dib", ".tif", ".tiff", ".webp", ".ppm",
+                        ".pgm", ".pbm", ".pnm"})
     if (ext == e) return true;
   return false;
 }

@@ -166,13 +166,16 @@ void PreprocessOptions::add(CLI::App* app) {
       ->type_name("X[,Y,Z]");
   app->add_option("--scale", scale, "Pixel scale factor (e.g. 0.0039216 = 1/255)")->group(g)->check(kPositive);
   // Each flag of a pair sets the optional only when given: the model file stays the truth otherwise.
-  app->add_flag_function("--rgb", [this](std::int64_t) { rgb = true; }, "Model takes RGB input")->group(g);
-  app->add_flag_function("--bgr", [this](std::int64_t) { rgb = false; }, "Model takes BGR input")->group(g);
-  app->add_flag_function("--crop", [this](std::int64_t) { crop = true; },
-                         "Resize as timm's eval transform, then crop (see --crop-mode, --crop-pct)")
-      ->group(g);
+  CLI::Option* rgb_flag = app->add_flag_function("--rgb", [this](std::int64_t) { rgb = true; }, "Model takes RGB input")->group(g);
+  app->add_flag_function("--bgr", [this](std::int64_t) { rgb = false; }, "Model takes BGR input")
+      ->group(g)
+      ->excludes(rgb_flag);  // both given: a usage error, not the last one silently winning
+  CLI::Option* crop_flag = app->add_flag_function("--crop", [this](std::int64_t) { crop = true; },
+                                                  "Resize as timm's eval transform, then crop (see --crop-mode, --crop-pct)")
+                               ->group(g);
   app->add_flag_function("--no-crop", [this](std::int64_t) { crop = false; }, "Stretch to exactly width x height")
-      ->group(g);
+      ->group(g)
+      ->excludes(crop_flag);
   app->add_option("--crop-pct", crop_pct, "timm's crop_pct: resize to size / crop_pct, then crop")
       ->group(g)
       ->check(CLI::Range(0.01f, 1.0f));
