@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -483,6 +484,20 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
   Model resumed = Model::create(test::tiny_rgb_config(), 5);
   train(resumed, small_run(data, dir.path + "/part"), dir.path + "/part/checkpoint.safetensors");
   CHECK(weights_of(resumed) == weights_of(full));
+  // a run on 1 thread resumed with no thread setting computes on 1 thread again (it took OpenMP's
+  // default, whose sums differ: not the weights of the uninterrupted run)
+  set_num_threads(1);
+  Model one = Model::create(test::tiny_rgb_config(), 9);
+  train(one, small_run(data, dir.path + "/one"));
+  Model one_part = Model::create(test::tiny_rgb_config(), 9);
+  o = small_run(data, dir.path + "/one_part");
+  o.max_steps = 3;
+  train(one_part, o);
+  set_num_threads(0);
+  Model one_resumed = Model::create(test::tiny_rgb_config(), 5);
+  train(one_resumed, small_run(data, dir.path + "/one_part"), dir.path + "/one_part/checkpoint.safetensors");
+  CHECK(weights_of(one_resumed) == weights_of(one));
+  CHECK(threads_in_use() == omp_get_num_procs());  // the run's count ends with the run
 }
 
 TEST_CASE("a checkpoint with missing or impossible progress is an error naming the file and the entry") {

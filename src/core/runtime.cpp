@@ -26,6 +26,7 @@ namespace {
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<int> g_num_threads{0};
 std::atomic<int> g_fixed_runs{0};  // live FixedThreadCount objects
+std::atomic<int> g_fixed_count{0};  // their thread count (0: OpenMP's default)
 
 using LogHandler = std::function<void(const std::string&)>;
 std::mutex g_log_mutex;
@@ -110,7 +111,8 @@ int adaptive_threads() {
 
 void detail::apply_thread_setting() {
   const int set = g_num_threads;
-  const int n = set > 0 ? set : g_fixed_runs > 0 ? std::max(1, g_openmp_default) : adaptive_threads();
+  const int fixed = g_fixed_count > 0 ? g_fixed_count.load() : std::max(1, g_openmp_default);
+  const int n = set > 0 ? set : g_fixed_runs > 0 ? fixed : adaptive_threads();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
@@ -118,7 +120,13 @@ detail::FixedThreadCount::FixedThreadCount() {
   ++g_fixed_runs;
   apply_thread_setting();
 }
-detail::FixedThreadCount::~FixedThreadCount() { --g_fixed_runs; }
+detail::FixedThreadCount::~FixedThreadCount() {
+  if (--g_fixed_runs == 0) g_fixed_count = 0;
+}
+void detail::FixedThreadCount::use(int n) {
+  g_fixed_count = n;
+  apply_thread_setting();
+}
 
 void detail::log(const std::string& message) {
   std::shared_ptr<const LogHandler> h;

@@ -16,6 +16,9 @@ class FixedThreadCount {
  public:
   FixedThreadCount();
   ~FixedThreadCount();
+  // While it lives, n threads (n > 0) instead of OpenMP's default, unless set_num_threads says
+  // otherwise: a resumed training run computes with the thread count it started with.
+  void use(int n);
   FixedThreadCount(const FixedThreadCount&) = delete;
   FixedThreadCount& operator=(const FixedThreadCount&) = delete;
 };

@@ -23,6 +23,7 @@ struct TrainProgress {
   int best_epoch = 0;             // with validation: the best epoch so far (1-based; 0: none yet)
   double best_val_acc = -1.0;
   std::vector<LrSegment> lr_segments;  // the schedule after extensions (see LrPlan)
+  int threads = 0;                // CPU threads the run computed with: a resumed run takes the same (0: unknown)
 };
 
 void save_checkpoint(const std::string& path, const Model& model, const Optimizer& optimizer,

@@ -1,5 +1,6 @@
 // The training loop and evaluation.
 #include "relpos/trainer.hpp"
+#include "relpos/runtime.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -156,7 +157,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
 TrainResult train(Model& model, const TrainOptions& options, const std::string& resume, const std::atomic<bool>* stop,
                   int resume_epochs) {
   TrainOptions opts = options;
-  const detail::FixedThreadCount fixed_threads;  // reproducible weights: no adaptive thread count
+  detail::FixedThreadCount fixed_threads;  // reproducible weights: no adaptive thread count
   detail::DataParallel dp;  // the processes of this run (one, or those mpirun started)
   detail::TrainProgress prog;
   std::optional<detail::Checkpoint> ck;
@@ -176,6 +177,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.extend = options.extend;
     opts.extend_lr = options.extend_lr;
     prog = ck->progress;
+    // the thread count the run computed with (oneDNN's sums depend on it), unless one is set now
+    if (num_threads() == 0 && prog.threads > 0) fixed_threads.use(prog.threads);
     if (resume_epochs > 0) {
       RELPOS_CHECK(resume_epochs >= prog.epoch, resume << ": the run has done " << prog.epoch
                                                        << " epochs already; --epochs " << resume_epochs << " would undo them");
@@ -390,6 +393,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     if (opts.extend != "constant") os << " to " << opts.min_lr;
     note(os.str());
   }
+  prog.threads = threads_in_use();  // recorded in each checkpoint
   const auto run_start = Clock::now();
   const double run_before = prog.run_seconds;
   auto last_save = Clock::now();
