@@ -153,6 +153,43 @@ TEST_CASE("a folder of class folders without train/ and test/ is all training da
   CHECK(said);
 }
 
+TEST_CASE("resuming over changed training data is refused; --train-images takes every class of a folder") {
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 12, 2);
+  Model m = Model::create(test::tiny_rgb_config(), 3);
+  TrainOptions o = quick(d.path + "/data", d.path + "/run", 2);
+  o.val_split = 0.25f;
+  o.max_steps = 1;
+  train(m, o);
+  const std::string ckpt = d.path + "/run/checkpoint.safetensors";
+  // another image in a class: the split and the batches would not be the run's (it resumed silently)
+  fs::copy_file(d.path + "/data/train/dots/000.png", d.path + "/data/train/dots/zzz.png");
+  Model again = Model::create(test::tiny_rgb_config(), 3);
+  CHECK_THROWS_WITH_AS(train(again, quick(d.path + "/data", d.path + "/run", 2), ckpt),
+                       doctest::Contains("changed since the run started (37 images now, 36 then"), Error);
+  // moved to another class, same count
+  fs::rename(d.path + "/data/train/dots/zzz.png", d.path + "/data/train/bars/zzz.png");
+  fs::remove(d.path + "/data/train/bars/000.png");
+  CHECK_THROWS_WITH_AS(train(again, quick(d.path + "/data", d.path + "/run", 2), ckpt), doctest::Contains("changed since"),
+                       Error);
+  fs::rename(d.path + "/data/train/bars/zzz.png", d.path + "/data/train/bars/000.png");
+  fs::copy_file(d.path + "/data/train/bars/000.png", d.path + "/data/train/dots/000.png", fs::copy_options::overwrite_existing);
+  CHECK(train(again, quick(d.path + "/data", d.path + "/run", 2), ckpt).history.size() == 2);  // restored: resumes
+
+  // --train-images of a folder listed class after class: its first 18 were 12 of one class and 6 of another
+  Model few = Model::create(test::tiny_rgb_config(), 3);
+  TrainOptions f = quick(d.path + "/data", d.path + "/few", 1);
+  f.train_images = 18;
+  std::vector<std::string> notes;
+  f.on_event = [&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::Message) notes.push_back(e.message);
+  };
+  train(few, f);
+  bool said = false;
+  for (const auto& n : notes) said = said || n == "--train-images 18: 18 of the 36 training images, 6 to 6 per class";
+  CHECK(said);
+}
+
 TEST_CASE("a val/ folder is the validation set") {
   test::TempDir d;
   test::make_pattern_dataset(d.path + "/data", 12, 4);

@@ -62,7 +62,7 @@ struct TrainOptions {
   OptimizerConfig optimizer;
   Augment augment{2, true, 0.0f};  // augment.canvas > 0: the translation data (data.hpp), with the
                                    // validation and test images on canvases too (CanvasDataset)
-  long train_images = 0;  // > 0: train on the first this many images of the training set only
+  long train_images = 0;  // > 0: train on this many images of the training set only (Fashion-MNIST's first; a folder's spread evenly)
   std::uint64_t seed = 0;
   int workers = 1;        // data loader threads
   int eval_batch = 500;

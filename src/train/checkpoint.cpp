@@ -157,7 +157,8 @@ void save_checkpoint(const std::string& path, const Model& model, const Optimize
                          {"seen", p.seen},         {"seconds", p.seconds},
                          {"run_seconds", p.run_seconds}, {"history", hist},
                          {"best_epoch", p.best_epoch}, {"best_val_acc", p.best_val_acc},
-                         {"lr_segments", lr_segments_json(p.lr_segments)}, {"threads", p.threads}};
+                         {"lr_segments", lr_segments_json(p.lr_segments)}, {"threads", p.threads},
+                         {"data_fingerprint", p.data_fingerprint}, {"data_images", p.data_images}};
   auto meta = model_metadata(model, "relpos-checkpoint");
   meta["relpos.train_options"] = options.to_json().dump();
   meta["relpos.progress"] = progress.dump();
@@ -203,6 +204,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.progress.best_val_acc = pj.value("best_val_acc", -1.0);
     if (pj.contains("lr_segments")) c.progress.lr_segments = lr_segments_from(pj.at("lr_segments"));
     c.progress.threads = pj.value("threads", 0);
+    c.progress.data_fingerprint = pj.value("data_fingerprint", std::string());
+    c.progress.data_images = pj.value("data_images", 0L);
     RELPOS_CHECK(c.progress.threads >= 0 && c.progress.threads <= 1024,
                  path << ": damaged checkpoint: " << c.progress.threads << " threads in its progress");
     RELPOS_CHECK(c.progress.epoch >= 0 && c.progress.step >= 0 && c.optimizer_steps >= 0 &&

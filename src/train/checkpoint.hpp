@@ -24,6 +24,8 @@ struct TrainProgress {
   double best_val_acc = -1.0;
   std::vector<LrSegment> lr_segments;  // the schedule after extensions (see LrPlan)
   int threads = 0;                // CPU threads the run computed with: a resumed run takes the same (0: unknown)
+  std::string data_fingerprint;   // the training images' names and classes, hashed ("": unknown)
+  long data_images = 0;           // how many there were
 };
 
 void save_checkpoint(const std::string& path, const Model& model, const Optimizer& optimizer,

@@ -283,11 +283,35 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   const Dataset* train_pool = train_all.get();
   RELPOS_CHECK(opts.train_images >= 0, "--train-images must not be negative, got " << opts.train_images);
   if (opts.train_images > 0 && static_cast<std::size_t>(opts.train_images) < train_all->size()) {
-    std::vector<std::size_t> first(static_cast<std::size_t>(opts.train_images));
-    for (std::size_t i = 0; i < first.size(); ++i) first[i] = i;
-    train_head.emplace(*train_all, std::move(first));
+    // Fashion-MNIST's order is random: its first N. A folder dataset lists class after class: N spread
+    // evenly over it, so that every class is in them (its first N could all be one class).
+    const std::size_t n = static_cast<std::size_t>(opts.train_images), all = train_all->size();
+    std::vector<std::size_t> some(n);
+    for (std::size_t i = 0; i < n; ++i) some[i] = is_folder_data(opts.data) ? i * all / n : i;
+    train_head.emplace(*train_all, std::move(some));
     train_pool = &*train_head;
+    std::vector<long> per_class(train_all->classes().size());
+    for (std::size_t i = 0; i < train_head->size(); ++i) ++per_class.at(static_cast<std::size_t>(train_head->label(i)));
+    const auto [lo, hi] = std::minmax_element(per_class.begin(), per_class.end());
+    note("--train-images " + std::to_string(n) + ": " + std::to_string(n) + " of the " + std::to_string(all) +
+         " training images, " + std::to_string(*lo) + " to " + std::to_string(*hi) + " per class");
   }
+  // What the run trains on, to tell a resumed run whose data changed (its split and batches would not
+  // be the run's): the images' names and classes, hashed (FNV-1a).
+  std::uint64_t fingerprint = 1469598103934665603ull;
+  const auto mix = [&](const std::string& bytes) {
+    for (unsigned char ch : bytes) fingerprint = (fingerprint ^ ch) * 1099511628211ull;
+  };
+  for (std::size_t i = 0; i < train_all->size(); ++i) mix(train_all->name(i) + '\n' + std::to_string(train_all->label(i)) + '\n');
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
+  RELPOS_CHECK(!ck || ck->progress.data_fingerprint.empty() || ck->progress.data_fingerprint == hex,
+               resume << ": the training data in " << opts.data << " changed since the run started (" << train_all->size()
+                      << " images now" << (ck && ck->progress.data_images > 0 ? ", " + std::to_string(ck->progress.data_images) + " then" : "")
+                      << ", or their names or classes differ): its validation split and batches would not be the "
+                         "run's; restore the data, or start a new run");
+  prog.data_fingerprint = hex;
+  prog.data_images = static_cast<long>(train_all->size());
   if (canvas > 0) check_fits_canvas(*train_pool, canvas);
   // Validation data: part of the training set (seeded), or a val/ folder.
   const Dataset* train_data = train_pool;
