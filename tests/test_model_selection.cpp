@@ -151,6 +151,11 @@ TEST_CASE("a folder of class folders without train/ and test/ is all training da
   bool said = false;
   for (const auto& n : notes) said = said || n.find("has no train/ and test/ folders: it is all training data") != std::string::npos;
   CHECK(said);
+  // an output folder among the class folders became a class of the next run ("holds no images")
+  Model inside = Model::create(test::tiny_rgb_config(), 3);
+  CHECK_THROWS_WITH_AS(train(inside, quick(d.path + "/flat", d.path + "/flat/run", 1)),
+                       doctest::Contains(("the output folder is inside " + d.path + "/flat, among the class folders").c_str()), Error);
+  CHECK_FALSE(fs::exists(d.path + "/flat/run"));
 }
 
 TEST_CASE("resuming over changed training data is refused; --train-images takes every class of a folder") {

@@ -195,6 +195,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     // so that a run resumed from another folder reads the same data and saves to the same file.
     if (is_folder_data(opts.data)) opts.data = fs::absolute(opts.data).lexically_normal().string();
     if (!opts.save.empty()) opts.save = fs::absolute(opts.save).lexically_normal().string();
+    // an output folder inside the data folder would become a class (or an empty one) of the next run
+    if (is_folder_data(opts.data)) {
+      const fs::path data = fs::absolute(opts.data).lexically_normal(), out = fs::absolute(opts.out).lexically_normal();
+      std::vector<fs::path> class_roots = {data / "train", data / "test", data / "val"};
+      if (std::error_code e; !fs::is_directory(data / "train", e)) class_roots = {data};  // class folders in DIR itself
+      for (const fs::path& root : class_roots) {
+        const auto rel = out.lexically_relative(root);
+        RELPOS_CHECK(rel.empty() || *rel.begin() == "..",
+                     opts.out << ": the output folder is inside " << root.string()
+                              << ", among the class folders (it would be taken for a class); give one outside it");
+      }
+    }
     // the checkpoint stores these paths as JSON text: bytes that are not UTF-8 would fail its first save
     for (const auto& [what, path] : {std::pair<const char*, const std::string&>{"the data folder", opts.data},
                                      {"the output folder", opts.out}, {"the model file (--save)", opts.save},
