@@ -242,7 +242,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     if (!opts.save.empty()) {
       for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"}) {
         const fs::path own = fs::path(opts.out) / f;
-        RELPOS_CHECK(!(fs::path(opts.save).lexically_normal() == fs::absolute(own).lexically_normal() ||
+        RELPOS_CHECK(!(fs::absolute(opts.save).lexically_normal() == fs::absolute(own).lexically_normal() ||
                        fs::equivalent(opts.save, own, ec)),
                      opts.save << ": --save names the run's own " << f << " (in its output folder); give another file");
       }
@@ -299,7 +299,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     // evenly over it, so that every class is in them (its first N could all be one class).
     const std::size_t n = static_cast<std::size_t>(opts.train_images), all = train_all->size();
     std::vector<std::size_t> some(n);
-    for (std::size_t i = 0; i < n; ++i) some[i] = is_folder_data(opts.data) ? i * all / n : i;
+    // (a run begun before the spread, whose checkpoint has no data fingerprint, goes on with its first N)
+    const bool spread = is_folder_data(opts.data) && !(ck && ck->progress.data_fingerprint.empty());
+    for (std::size_t i = 0; i < n; ++i) some[i] = spread ? i * all / n : i;
     train_head.emplace(*train_all, std::move(some));
     train_pool = &*train_head;
     std::vector<long> per_class(train_all->classes().size());
