@@ -40,6 +40,9 @@ namespace {
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 
+// The files a run writes into its output folder.
+constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"};
+
 // Throws unless a file can be created in the folder (a probe file, removed again).
 void check_writable_folder(const std::string& folder, const char* what) {
   const fs::path probe = fs::path(folder) / (".relpos-write-test." + std::to_string(::getpid()));
@@ -237,10 +240,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     folder_lock.emplace(opts.out);  // before the check: a run that starts after this one sees it
     if (!ck && !opts.overwrite) check_fresh_output(opts.out);
     if (!ck && opts.overwrite)  // a new run replaces the earlier one's results, none left beside its own
-      for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"})
-        fs::remove(fs::path(opts.out) / f, ec);
+      for (const char* f : kRunFiles) fs::remove(fs::path(opts.out) / f, ec);
     if (!opts.save.empty()) {
-      for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.json", "log.csv", "curves.png"}) {
+      for (const char* f : kRunFiles) {
         const fs::path own = fs::path(opts.out) / f;
         RELPOS_CHECK(!(fs::absolute(opts.save).lexically_normal() == fs::absolute(own).lexically_normal() ||
                        fs::equivalent(opts.save, own, ec)),
@@ -254,9 +256,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
     for (const auto& e : fs::directory_iterator(opts.out)) {
       const std::string name = e.path().filename().string();
-      for (const char* f : {"checkpoint.safetensors.tmp.", "best.safetensors.tmp.", "log.csv.tmp.", "model.json.tmp.",
-                            "curves.png.tmp."})
-        if (name.rfind(f, 0) == 0) fs::remove(e.path());
+      for (const char* f : kRunFiles)
+        if (name.rfind(std::string(f) + ".tmp.", 0) == 0) fs::remove(e.path());
     }
   }
   const std::string ckpt_path = (fs::path(opts.out) / "checkpoint.safetensors").string();

@@ -55,10 +55,22 @@ CLI::Validator fraction_check(bool one_ok) {
       },
       one_ok ? "0..1" : "0..<1");
 }
+// A percentile: above 0, at most 100.
+CLI::Validator percent_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::string error;
+        const double v = number_of(text, error);
+        if (!error.empty() || !(v > 0.0 && v <= 100.0)) return "must be a number above 0 and at most 100, got " + text;
+        return std::string();
+      },
+      "(0..100]");
+}
 }  // namespace
 
 const CLI::Validator kPositive = number_check(false), kNonNegative = number_check(true);
 const CLI::Validator kProbability = fraction_check(true), kFraction = fraction_check(false);
+const CLI::Validator kPercentile = percent_check();
 
 void RunOptions::add(CLI::App* app) {
   app->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "cuda:0", "gpu"}));

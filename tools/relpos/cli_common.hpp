@@ -40,6 +40,8 @@ class UsageError : public Error {
 extern const CLI::Validator kPositive, kNonNegative;
 // 0 to 1 (a probability), and 0 to below 1 (label smoothing).
 extern const CLI::Validator kProbability, kFraction;
+// (0, 100]: above 0 and at most 100.
+extern const CLI::Validator kPercentile;
 
 // --device / --threads (every command that runs a model)
 struct RunOptions {

@@ -149,20 +149,7 @@ void register_quantize(CLI::App& app) {
   sub->add_option("-o,--out", a->out, "The int8 model: .json or .safetensors")->required();
   sub->add_option("--method", a->method, "Activation range: minmax, percentile or mse")->capture_default_str();
   sub->add_option("--percentile", a->percentile, "Percentile of |x| taken as the range (--method percentile)")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            double v = 0.0;
-            std::size_t used = 0;
-            try {
-              v = std::stod(text, &used);
-            } catch (const std::exception&) {
-              used = 0;
-            }
-            if (used == 0 || used != text.size() || !(v > 0.0 && v <= 100.0))
-              return "must be a number above 0 and at most 100, got " + text;
-            return std::string();
-          },
-          "(0..100]"))
+      ->check(kPercentile)
       ->capture_default_str();
   sub->add_option("--keep-float", a->keep_float, "Layers to keep in float32, comma-separated or repeated (names as listed)")
       ->delimiter(',')
