@@ -21,6 +21,7 @@
 #include "relpos/runtime.hpp"
 #include "relpos/safetensors.hpp"
 #include "io/weights_file.hpp"
+#include "train/plots.hpp"
 #include "relpos/trainer.hpp"
 #include "test_util.hpp"
 
@@ -137,6 +138,27 @@ TEST_CASE("the optimizer leaves norm parameters, biases and position tables out 
   }
   CHECK(decayed > 0);
   CHECK(exempt > 0);
+}
+
+TEST_CASE("learning-curve axes are padded but stay within what a loss or an accuracy can be") {
+  // a loss falling to 0.01: the padding would put the axis at -0.05
+  AxisRange r = padded_axis(0.01, 0.6, 0.0, 1e300);
+  CHECK(r.lo == 0.0);
+  CHECK(r.hi == doctest::Approx(0.6 + 0.08 * 0.59));
+  // accuracies up to 99.9%: not past 100
+  r = padded_axis(80.0, 99.9, 0.0, 100.0);
+  CHECK(r.lo == doctest::Approx(80.0 - 0.08 * 19.9));
+  CHECK(r.hi == 100.0);
+  // flat series keep a visible span on the side that has room
+  r = padded_axis(100.0, 100.0, 0.0, 100.0);
+  CHECK(r.lo == doctest::Approx(95.0));
+  CHECK(r.hi == 100.0);
+  r = padded_axis(0.0, 0.0, 0.0, 1e300);
+  CHECK(r.lo == 0.0);
+  CHECK(r.hi == doctest::Approx(1e-3));
+  r = padded_axis(2.0, 2.0, 0.0, 1e300);
+  CHECK(r.lo == doctest::Approx(1.9));
+  CHECK(r.hi == doctest::Approx(2.1));
 }
 
 TEST_CASE("IDX files: reading, and clear errors for damaged ones") {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
@@ -30,7 +31,8 @@ void text(cv::Mat& img, const std::string& s, cv::Point at, double scale = 0.45,
   cv::putText(img, s, at, cv::FONT_HERSHEY_SIMPLEX, scale, color, 1, cv::LINE_AA);
 }
 
-void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std::vector<Series>& series, int prec) {
+void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std::vector<Series>& series, int prec,
+                double floor, double ceil) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& s : series)
     for (const auto& p : s.points) {
@@ -39,8 +41,8 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
     }
   if (x0 > x1) return;
   if (x1 - x0 < 1e-9) x0 -= 1, x1 += 1;
-  const double pad = std::max(1e-6, (y1 - y0) * 0.08);
-  y0 -= pad, y1 += pad;
+  const AxisRange axis = padded_axis(y0, y1, floor, ceil);
+  y0 = axis.lo, y1 = axis.hi;
   const cv::Rect plot(box.x + 60, box.y + 30, box.width - 80, box.height - 70);
   auto px = [&](cv::Point2d p) {
     return cv::Point(plot.x + static_cast<int>((p.x - x0) / (x1 - x0) * plot.width),
@@ -54,11 +56,10 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
     cv::line(img, {plot.x, yy}, {plot.x + plot.width, yy}, {230, 230, 230}, 1);
     text(img, fmt(y, prec), {box.x + 4, yy + 4}, 0.4);
   }
-  const int ticks = static_cast<int>(std::min(10.0, x1 - x0));
-  for (int i = 0; i <= ticks; ++i) {
-    const double x = x0 + (x1 - x0) * i / std::max(1, ticks);
+  // epoch ticks at whole epochs, every step-th (at most 11 labels)
+  const double step = std::max(1.0, std::ceil((x1 - x0) / 10.0));
+  for (double x = std::ceil(x0); x <= x1 + 1e-9; x += step)
     text(img, fmt(x, 0), {px({x, y0}).x - 5, plot.y + plot.height + 18}, 0.4);
-  }
   text(img, "epoch", {plot.x + plot.width / 2 - 20, plot.y + plot.height + 36}, 0.45);
   int legend_y = plot.y + 16;
   for (const auto& s : series) {
@@ -73,6 +74,12 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
 }
 
 }  // namespace
+
+AxisRange padded_axis(double lo, double hi, double floor, double ceil) {
+  // a flat series (one epoch, or 100% accuracy throughout) gets a span of 10% of its value
+  const double pad = hi - lo > 1e-9 ? (hi - lo) * 0.08 : std::max(1e-3, std::abs(hi) * 0.05);
+  return {std::max(floor, lo - pad), std::min(ceil, hi + pad)};
+}
 
 void plot_learning_curves(const std::vector<EpochLog>& history, const std::string& path) {
   cv::Mat img(420, 1000, CV_8UC3, cv::Scalar(255, 255, 255));
@@ -91,8 +98,9 @@ void plot_learning_curves(const std::vector<EpochLog>& history, const std::strin
   }
   std::vector<Series> loss{tl}, acc{ta};
   if (!vl.points.empty()) loss.push_back(vl), acc.push_back(va);
-  draw_panel(img, {0, 0, 500, 420}, "loss", loss, 3);
-  draw_panel(img, {500, 0, 500, 420}, "top-1 accuracy (%)", acc, 1);
+  const double inf = std::numeric_limits<double>::infinity();
+  draw_panel(img, {0, 0, 500, 420}, "loss", loss, 3, 0.0, inf);
+  draw_panel(img, {500, 0, 500, 420}, "top-1 accuracy (%)", acc, 1, 0.0, 100.0);
   detail::encode_image_file(path, img);
 }
 
