@@ -263,6 +263,27 @@ TEST_CASE("--width and --height that a fixed-size network cannot take are refuse
   CHECK(r.out.find("GiB; set RELPOS_MAX_MODEL_GB (or relpos --max-model-gb) to allow it") != std::string::npos);
 }
 
+TEST_CASE("info and bench count and run a model of any input size at its preprocessing's size") {
+  TempDir dir;
+  const std::string conv = relpos::test::source_dir() + "/models/fmnist_conv.json";  // 28x28, any input size
+  REQUIRE(run("convert " + conv + " " + dir.file("w32.json") + " --width 32 --height 40").status == 0);
+  const Run at28 = run("info " + conv + " --no-layers"), at32 = run("info " + dir.file("w32.json") + " --no-layers");
+  INFO(at28.out);
+  INFO(at32.out);
+  CHECK(at28.out.find(": 1x28x28 -> 10 classes") != std::string::npos);
+  // (it printed the config's 28x28 and counted its multiply-adds there, while classify ran at 40x32)
+  CHECK(at32.out.find(": 1x40x32 -> 10 classes") != std::string::npos);
+  const auto gmacs = [](const std::string& out) {
+    const std::size_t at = out.find("M parameters, ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 14));
+  };
+  CHECK(gmacs(at32.out) > gmacs(at28.out) * 1.5);
+  const Run b = run("bench -m " + dir.file("w32.json") + " --iters 1 --warmup 0 --json", true);
+  REQUIRE(b.status == 0);
+  const auto j = nlohmann::json::parse(b.out);
+  CHECK(j["forward_gmacs_per_image"].get<double>() == doctest::Approx(gmacs(at32.out)).epsilon(0.01));
+}
+
 TEST_CASE("info lists layers with parameters and multiply-adds") {
   Run r = run("info botnet26t_256");
   INFO(r.out);

@@ -79,7 +79,9 @@ class Network {
   void backward(const Tensor& dlogits, const std::function<void(std::size_t first)>& ready = {});
   void release_saved();
 
-  std::vector<LayerRow> summarize(int batch = 1) const;
+  // Each layer's output shape, parameters and multiply-adds for a batch at height x width input
+  // (0: the config's input_size; a model of fixed input size takes only that).
+  std::vector<LayerRow> summarize(int batch = 1, int height = 0, int width = 0) const;
 
   // int8 inference (docs/int8.md). The layers that can run in int8 (convolutions and attention
   // qkv projections), in network order.

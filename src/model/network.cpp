@@ -349,10 +349,17 @@ std::vector<Int8Layer> Network::int8_layers() const {
   return out;
 }
 
-std::vector<LayerRow> Network::summarize(int batch) const {
+std::vector<LayerRow> Network::summarize(int batch, int height, int width) const {
   const Impl& m = *impl_;
+  RELPOS_CHECK(batch > 0 && height >= 0 && width >= 0 && (height == 0) == (width == 0),
+               "summarize: batch " << batch << ", input " << height << "x" << width);
+  if (height == 0) height = m.config.input_size[0], width = m.config.input_size[1];
+  RELPOS_CHECK(!m.config.fixed_input_size() || (height == m.config.input_size[0] && width == m.config.input_size[1]),
+               m.config.name << " takes " << m.config.input_size[0] << "x" << m.config.input_size[1]
+                             << " input (its position tables fix the feature size), not " << height << "x" << width);
+  m.check_map_sizes(height, width);
   std::vector<LayerRow> rows;
-  Shape s{batch, m.config.in_chans, m.config.input_size[0], m.config.input_size[1]};
+  Shape s{batch, m.config.in_chans, height, width};
   s = m.stem->summarize("stem.", s, &rows);
   for (std::size_t i = 0; i < m.stages.size(); ++i)
     for (std::size_t j = 0; j < m.stages[i].size(); ++j)

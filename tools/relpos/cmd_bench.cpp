@@ -161,13 +161,19 @@ double total_macs(const std::vector<LayerRow>& layers) {
   return m;
 }
 
+// One image's layers at the input's size.
+std::vector<LayerRow> macs_per_image(const Model& m, const Tensor& x) {
+  return m.network().summarize(1, static_cast<int>(x.dim(2)), static_cast<int>(x.dim(3)));
+}
+
 // The --profile table: per layer (stem, each block, head) its ops' milliseconds per run, the
 // share of all profiled time, and the layer's multiply-adds (relpos info) per millisecond; an op
 // that times its parts (profile_parts()) has them indented under it, counted once, in its row.
-void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, std::size_t runs) {
+void print_profile(const BenchArgs& a, const Network& net, const Shape& input, std::size_t runs) {
+  const std::int64_t batch = input[0];
   const auto rows = profile_rows();
   const auto parts = profile_parts();  // inside their op's row: never added to a total
-  const auto layers = net.summarize(static_cast<int>(batch));
+  const auto layers = net.summarize(static_cast<int>(batch), static_cast<int>(input[2]), static_cast<int>(input[3]));
   double total = 0.0;
   for (const auto& r : rows) total += r.ms;
   const auto macs_of = [&](const std::string& layer) {
@@ -239,11 +245,11 @@ void print_profile(const BenchArgs& a, const Network& net, std::int64_t batch, s
             << all_macs / (total / n) / 1e6 << " GMAC/s" << (a.train ? " (forward multiply-adds only)" : "") << "\n";
 }
 
-// A model's input: the 'input' tensor of `file`, or a random batch of the model's input size;
-// channels-last on the model's device.
+// A model's input: the 'input' tensor of `file`, or a random batch at the size the model runs on
+// (its preprocessing's); channels-last on the model's device.
 Tensor bench_input(const std::string& file, const Model& model, int batch, std::uint32_t seed) {
-  const ModelConfig& c = model.network().config();
-  Tensor x = file.empty() ? random_tensor({batch, c.in_chans, c.input_size[0], c.input_size[1]}, seed)
+  const Preprocess& p = model.preprocess();
+  Tensor x = file.empty() ? random_tensor({batch, model.network().config().in_chans, p.height, p.width}, seed)
                           : SafetensorsFile::read(file).tensor("input");
   RELPOS_CHECK(x.ndim() == 4, "the input must be (N, C, H, W)" << (file.empty() ? "" : ": " + file) << " holds "
                                                                 << x.describe());
@@ -264,7 +270,7 @@ void run_paired(const BenchArgs& a, const Model& first, const Tensor& x1) {
   const Tensor x2 = bench_input(a.paired_input, second, a.batch, 1);
   RELPOS_USAGE_CHECK(x1.dim(0) == x2.dim(0), "--paired-with: both inputs need the same batch, got "
                                                  << x1.dim(0) << " and " << x2.dim(0));
-  const double macs1 = total_macs(first.network().summarize(1)), macs2 = total_macs(second.network().summarize(1));
+  const double macs1 = total_macs(macs_per_image(first, x1)), macs2 = total_macs(macs_per_image(second, x2));
   const auto once = [](const Model& m, const Tensor& x) {
     const auto t0 = Clock::now();
     const Tensor logits = m.logits(x);
@@ -354,8 +360,8 @@ void run(const BenchArgs& a) {
   }
   if (!a.save_logits.empty()) write_safetensors(a.save_logits, {{"logits", logits.to(Device::CPU)}});
   report(a, c.name + (a.train ? " training step" : " inference"), x.dim(0), to_string(model.device()), ms,
-         total_macs(model.network().summarize(1)));
-  if (a.profile) print_profile(a, model.network(), x.dim(0), ms.size());
+         total_macs(macs_per_image(model, x)));
+  if (a.profile) print_profile(a, model.network(), x.shape(), ms.size());
 }
 }  // namespace
 

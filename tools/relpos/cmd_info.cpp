@@ -26,12 +26,14 @@ void run(const InfoArgs& a) {
   Model model = a.model.load();
   const Network& net = model.network();
   const ModelConfig& c = net.config();
-  const auto rows = net.summarize(a.batch);
+  // the input the model runs on: its preprocessing's size (a model of any input size may have been
+  // given another than its config's, by convert --width/--height)
+  const int height = model.preprocess().height, width = model.preprocess().width;
+  const auto rows = net.summarize(a.batch, height, width);
   std::int64_t macs = 0;
   for (const auto& r : rows) macs += r.macs;
-  std::cout << c.name << ": " << c.in_chans << "x" << c.input_size[0] << "x" << c.input_size[1] << " -> "
-            << c.num_classes << " classes" << (c.fixed_input_size() ? " (fixed input size)" : " (any input size)")
-            << "\n";
+  std::cout << c.name << ": " << c.in_chans << "x" << height << "x" << width << " -> " << c.num_classes << " classes"
+            << (c.fixed_input_size() ? " (fixed input size)" : " (any input size; this is its preprocessing's)") << "\n";
   if (a.layers) {
     // columns as wide as their longest entry needs, with two spaces between (an int8 layer's kind is long)
     int name_w = 40, kind_w = 34;
@@ -52,7 +54,9 @@ void run(const InfoArgs& a) {
   if (a.batch > 1) std::cout << " (" << static_cast<double>(macs) / 1e9 << " for the batch of " << a.batch << ")";
   std::cout << "\n";
   {
-    const ModelConfig::Estimate e = net.config().estimate();
+    ModelConfig at_size = c;
+    at_size.input_size = {height, width};
+    const ModelConfig::Estimate e = at_size.estimate();
     std::cout << std::setprecision(1) << "memory estimate: " << e.param_bytes / (1 << 20) << " MiB of parameters + "
               << e.working_bytes / (1 << 20) << " MiB working set per image (checked against RELPOS_MAX_MODEL_GB, "
               << "default 16 GiB, before a network is built)\n";
