@@ -225,6 +225,29 @@ TEST_CASE("a model built at one input size runs at another") {
   }
 }
 
+TEST_CASE("an input size that the strides do not divide: the tables fit the maps the convolutions make") {
+  // 23x23: the stem's stride-2 convolution makes 12x12 (an odd side rounds up); the tables were
+  // sized for 11x11 (23 / 2 rounded down), so the model was built but could never run
+  for (const PosEncoding pos : {PosEncoding::Relative, PosEncoding::Absolute}) {
+    CAPTURE(to_string(pos));
+    const Network net(small_config(pos, 0, 23), 1);
+    if (pos == PosEncoding::Relative)
+      CHECK(net.find("stages.0.1.self_attn.pos_embed.height_rel")->value->dim(0) == 23);  // 2 * 12 - 1
+    else
+      CHECK(net.find("stages.1.0.self_attn.pos_embed.abs")->value->dim(0) == 144);
+    const Model m(Network(small_config(pos, 0, 23), 1), {}, default_preprocess(small_config(pos, 0, 23)));
+    const Tensor out = m.logits(input(23, 4));
+    CHECK(out.shape() == Shape{2, 3});
+    for (float v : out.to_vector()) CHECK(std::isfinite(v));
+    // resampled from 12x12 to 23x23
+    const Tensor resized = small_model(pos, 0, 12).at_input_size(23, 23).logits(input(23, 4));
+    for (float v : resized.to_vector()) CHECK(std::isfinite(v));
+  }
+  // the shipped Fashion-MNIST BoTNet (28x28) at 30x30, through the API
+  const Model fm = Model::load(test::source_dir() + "/models/botnet-fmnist.json").at_input_size(30, 30);
+  CHECK(fm.classify(cv::Mat(30, 30, CV_8UC1, cv::Scalar(128)), 1).size() == 1);
+}
+
 TEST_CASE("a stride-2 attention block on an odd map is an error naming the input size and the block") {
   // 10x10 input: the stem's stride 2 leaves 5x5, which the attention's 2x2 pool takes to 2x2 and the
   // stride-2 shortcut to 3x3 (timm's BoTNet cannot add them either)

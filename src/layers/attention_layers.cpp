@@ -142,9 +142,11 @@ BotAttention::BotAttention(int dim, const BotAttnSpec& spec, int feat_h, int fea
                  "relative attention without clip needs the feature size (model input_size)");
     pos_h_ = Tensor::zeros(lead(spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_h - 1));
     pos_w_ = Tensor::zeros(lead(spec.clip > 0 ? 2 * spec.clip + 1 : 2 * feat_w - 1));
+    if (spec.clip == 0) map_h_ = feat_h, map_w_ = feat_w;
   } else if (spec.pos == PosEncoding::Absolute) {
     RELPOS_CHECK(feat_h > 0 && feat_w > 0, "absolute position embeddings need the feature size (model input_size)");
     pos_h_ = Tensor::zeros(lead(static_cast<std::int64_t>(feat_h) * feat_w));
+    map_h_ = feat_h, map_w_ = feat_w;
   }
 }
 
@@ -184,6 +186,9 @@ Tensor BotAttention::attend_backward(const Tensor& qkv, const Tensor& probs, con
 
 Shape BotAttention::summarize(const std::string& prefix, const Shape& in, std::vector<LayerRow>* rows) const {
   RELPOS_CHECK(in.size() == 4 && in[1] == dim_, prefix << ": expects " << dim_ << " channels");
+  RELPOS_CHECK(map_h_ == 0 || (in[2] == map_h_ && in[3] == map_w_),
+               prefix.substr(0, prefix.size() - 1) << " gets a " << in[2] << "x" << in[3] << " map, but its position tables fit "
+                                                   << map_h_ << "x" << map_w_ << " only");
   const Shape out = pooled({in[0], spec_.channels_out(), in[2], in[3]});
   if (rows) {
     const std::int64_t n = in[2] * in[3], b = in[0];

@@ -99,6 +99,7 @@ class BotAttention : public QkvAttention {
  private:
   BotAttnSpec spec_;
   Tensor pos_h_, dpos_h_, pos_w_, dpos_w_;
+  int map_h_ = 0, map_w_ = 0;  // the feature map the position tables fit (0: any map)
 };
 
 class SasaAttention : public QkvAttention {

@@ -19,12 +19,6 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
   }
   convs_.front().second->set_need_input_grad(false);
   pool_ = cfg.pool == StemPool::MaxPool;
-  reduction_ = stem_reduction(cfg);
-}
-
-int stem_reduction(const StemConfig& cfg) {
-  const int convs = cfg.type == StemType::Tiered ? 2 : cfg.stride;  // the tiered stem's conv1 has stride 2
-  return cfg.pool == StemPool::MaxPool ? 2 * convs : convs;
 }
 
 void Stem::collect(const std::string& p, std::vector<ParamRef>& out) {

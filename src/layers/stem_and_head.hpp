@@ -12,10 +12,6 @@
 
 namespace relpos {
 
-// How many times smaller than the input a stem's output is (its convolutions' stride, times 2 with
-// the max pool).
-int stem_reduction(const StemConfig& cfg);
-
 class Stem : public Module {
  public:
   Stem(const StemConfig& cfg, int in_chans, Act act);
@@ -36,14 +32,12 @@ class Stem : public Module {
     for (auto& [name, c] : convs_) c->quantizables(out);
   }
   int out_channels() const { return convs_.back().second->out_channels(); }
-  int reduction() const { return reduction_; }
 
  private:
   // The convolutions, the last writing u8 for `after` when it can.
   BlockFlow convs(const Tensor& x, const Int8Conv* after) const;
   std::vector<std::pair<std::string, std::unique_ptr<ConvNormAct>>> convs_;
   bool pool_ = false;
-  int reduction_ = 1;
   Tensor pre_pool_;
 };
 

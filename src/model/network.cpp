@@ -122,18 +122,27 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
   m.config = config;
   m.stem = std::make_unique<Stem>(config.stem, config.in_chans, config.act);
   int prev = m.stem->out_channels();
-  int feat_h = config.input_size[0] / m.stem->reduction(), feat_w = config.input_size[1] / m.stem->reduction();
+  // Each block's map size (its position tables fit the map it gets) by the layers' own shape rules:
+  // a stride-2 convolution or max pool of an odd side rounds up.
+  const auto walk = [&](const Module& layer, const std::string& prefix, const Shape& in) {
+    try {
+      return layer.summarize(prefix, in, nullptr);
+    } catch (const Error& e) {
+      RELPOS_FAIL(config.name << ": at " << config.input_size[0] << "x" << config.input_size[1] << " input, " << e.what());
+    }
+  };
+  Shape map = walk(*m.stem, "stem.", {1, config.in_chans, config.input_size[0], config.input_size[1]});
   for (std::size_t i = 0; i < config.stages.size(); ++i) {
     const StageConfig& st = config.stages[i];
     std::vector<std::unique_ptr<ResidualBlock>> blocks;
     for (std::size_t j = 0; j < st.blocks.size(); ++j) {
       const BlockConfig& b = st.blocks[j];
       const std::string where = "stages." + std::to_string(i) + "." + std::to_string(j);
-      blocks.push_back(m.make_block(b, st, prev, feat_h, feat_w, where));
+      blocks.push_back(m.make_block(b, st, prev, static_cast<int>(map[2]), static_cast<int>(map[3]), where));
       if (m.block_names.size() <= i) m.block_names.resize(i + 1);
       m.block_names[i].push_back(where);
       prev = b.chs;
-      if (b.stride > 1) feat_h /= b.stride, feat_w /= b.stride;
+      map = walk(*blocks.back(), where + ".", map);
     }
     m.stages.push_back(std::move(blocks));
   }

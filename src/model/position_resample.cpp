@@ -5,7 +5,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "layers/stem_and_head.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
 
@@ -64,18 +63,18 @@ Tensor resample_position_grid(const Tensor& table, int h, int w, int nh, int nw)
   return out.to(table.device());
 }
 
-std::vector<std::pair<std::string, std::pair<int, int>>> attention_map_sizes(const ModelConfig& config) {
-  // as Network's constructor: the stem's reduction, then each block's stride after it
-  const int reduction = stem_reduction(config.stem);
-  int h = config.input_size[0] / reduction, w = config.input_size[1] / reduction;
+std::vector<std::pair<std::string, std::pair<int, int>>> attention_map_sizes(const Network& net) {
+  // a self_attn layer attends over its block's conv1_1x1 output (the layers' own shape rules)
+  const std::vector<LayerRow> rows = net.summarize(1);
   std::vector<std::pair<std::string, std::pair<int, int>>> out;
-  for (std::size_t i = 0; i < config.stages.size(); ++i)
-    for (std::size_t j = 0; j < config.stages[i].blocks.size(); ++j) {
-      const BlockConfig& b = config.stages[i].blocks[j];
-      if (b.type == BlockType::SelfAttn)
-        out.push_back({"stages." + std::to_string(i) + "." + std::to_string(j) + ".", {h, w}});
-      if (b.stride > 1) h /= b.stride, w /= b.stride;
-    }
+  for (const LayerRow& r : rows) {
+    const std::string tail = ".self_attn";
+    if (r.name.size() <= tail.size() || r.name.compare(r.name.size() - tail.size(), tail.size(), tail) != 0) continue;
+    const std::string prefix = r.name.substr(0, r.name.size() - tail.size() + 1);
+    const auto in = std::find_if(rows.begin(), rows.end(), [&](const LayerRow& x) { return x.name == prefix + "conv1_1x1"; });
+    RELPOS_CHECK(in != rows.end(), "internal: no " << prefix << "conv1_1x1 before " << r.name);
+    out.push_back({prefix, {static_cast<int>(in->out_shape[2]), static_cast<int>(in->out_shape[3])}});
+  }
   return out;
 }
 
@@ -89,11 +88,8 @@ Model Model::at_input_size(int height, int width, std::string* note) const {
                "input size must be 1 to 4096 on each side, got " << height << "x" << width);
   ModelConfig config = old_config;
   config.input_size = {height, width};
-  const auto old_maps = detail::attention_map_sizes(old_config), new_maps = detail::attention_map_sizes(config);
-  for (const auto& [prefix, hw] : new_maps)
-    RELPOS_CHECK(hw.first >= 1 && hw.second >= 1, old_config.name << ": at " << height << "x" << width << " input, "
-                                                                  << prefix << "self_attn would see an empty map");
   Network net(config, 0, /*initialize=*/false);
+  const auto old_maps = detail::attention_map_sizes(network_), new_maps = detail::attention_map_sizes(net);
   // an int8 model's layers are int8 at the new size too (their weights, scales and folded batch
   // norms are what the copy below takes by name)
   if (const std::vector<Int8Layer> int8 = network_.int8_layers(); !int8.empty()) net.set_int8_layers(int8);

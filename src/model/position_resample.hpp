@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "relpos/model_config.hpp"
+#include "relpos/network.hpp"
 #include "relpos/tensor.hpp"
 
 namespace relpos::detail {
@@ -18,8 +19,8 @@ namespace relpos::detail {
 // An unclipped relative table of (..., 2H-1, d) is the grid (2H-1) x 1: 1D linear over offsets.
 Tensor resample_position_grid(const Tensor& table, int h, int w, int nh, int nw);
 
-// The (height, width) of the map each self_attn block of `config` attends over, by its parameter
-// prefix ("stages.2.1."), in network order.
-std::vector<std::pair<std::string, std::pair<int, int>>> attention_map_sizes(const ModelConfig& config);
+// The (height, width) of the map each self_attn block of `net` attends over at its config's
+// input_size, by its parameter prefix ("stages.2.1."), in network order.
+std::vector<std::pair<std::string, std::pair<int, int>>> attention_map_sizes(const Network& net);
 
 }  // namespace relpos::detail
