@@ -513,3 +513,54 @@ TEST_CASE("labels and paths that are not UTF-8, and labels given twice, fail bef
   CHECK_THROWS_WITH_AS(open_dataset(dir.path + "/data", "train"), doctest::Contains("/data: no train/ folder (it has test/)"),
                        Error);
 }
+
+TEST_CASE("an undefined Tensor holds no elements: reading it is empty, writing into it is an error") {
+  relpos::Tensor t;
+  CHECK(!t.defined());
+  CHECK(t.numel() == 0);  // (it said 1, and to_vector, fill and clone read or wrote through null)
+  CHECK(t.bytes() == 0);
+  CHECK(t.to_vector().empty());
+  t.fill(1.0f);
+  CHECK(!t.clone().defined());
+  CHECK(!t.to(relpos::Device::CPU).defined());
+  CHECK_THROWS_WITH_AS(t.copy_from(relpos::Tensor::zeros({})), "copy_from: into an undefined tensor", relpos::Error);
+  CHECK_THROWS_WITH_AS(relpos::Tensor::zeros({}).copy_from(t), "copy_from: from an undefined tensor", relpos::Error);
+  CHECK_THROWS_WITH_AS(t.reshape({1}), "reshape of an undefined tensor", relpos::Error);
+  // a defined scalar still has its one element
+  CHECK(relpos::Tensor::full({}, 2.0f).to_vector() == std::vector<float>{2.0f});
+}
+
+TEST_CASE("images and preprocessing that give meaningless input are errors, through every entry point") {
+  relpos::Model m = relpos::Model::load(relpos::test::source_dir() + "/models/botnet-fmnist.json");
+  // NaN in a half-float or double image (only float32 and double were checked, before conversion)
+  cv::Mat half(28, 28, CV_16FC1, cv::Scalar(std::nan("")));
+  CHECK_THROWS_WITH_AS(m.classify(half, 1), "the image has NaN or infinite pixel values", relpos::Error);
+  cv::Mat huge(28, 28, CV_64FC1, cv::Scalar(1e300));  // finite as a double, infinite as a float
+  CHECK_THROWS_WITH_AS(m.classify(huge, 1), "the image has NaN or infinite pixel values", relpos::Error);
+  CHECK(m.classify(cv::Mat(28, 28, CV_16FC1, cv::Scalar(100.0)), 1).size() == 1);
+  // a 3-D array is named as such, not as a channel count
+  const int dims[] = {4, 4, 4};
+  CHECK_THROWS_WITH_AS(m.classify(cv::Mat(3, dims, CV_8UC1, cv::Scalar(0)), 1),
+                       "images must be 2-D (rows x columns, with channels), got a 3-D array", relpos::Error);
+  // Model::set_preprocess checks what Preprocess::from_json checks
+  const relpos::Preprocess good = m.preprocess();
+  const auto refused = [&](const std::function<void(relpos::Preprocess&)>& change, const std::string& key) {
+    relpos::Preprocess p = good;
+    change(p);
+    CAPTURE(key);
+    CHECK_THROWS_WITH_AS(m.set_preprocess(p), doctest::Contains(("preprocess: key '" + key + "'").c_str()),
+                         relpos::Error);
+    CHECK_THROWS_WITH_AS(relpos::make_batch({cv::Mat(28, 28, CV_8UC1, cv::Scalar(0))}, p),
+                         doctest::Contains(("preprocess: key '" + key + "'").c_str()), relpos::Error);
+  };
+  refused([](relpos::Preprocess& p) { p.std[0] = 0.0f; }, "std");
+  refused([](relpos::Preprocess& p) { p.mean[0] = std::nanf(""); }, "mean");
+  refused([](relpos::Preprocess& p) { p.scale = -1.0f; }, "scale");
+  refused([](relpos::Preprocess& p) { p.crop_pct = 5.0; }, "crop_pct");
+  refused([](relpos::Preprocess& p) { p.height = 0; }, "input_size");
+  CHECK(m.preprocess().std[0] == good.std[0]);  // unchanged by the refused calls
+  // a tiny crop_pct: the resize size is checked before it becomes an integer (it overflowed)
+  relpos::Preprocess tiny = relpos::Preprocess::from_json({{"crop_pct", 1e-300}});
+  CHECK_THROWS_WITH_AS(relpos::resize_and_crop(cv::Mat(10, 10, CV_8UC3, cv::Scalar::all(9)), tiny),
+                       doctest::Contains("preprocess: crop_pct 1e-300 would resize the image to"), relpos::Error);
+}

@@ -51,6 +51,8 @@ class Storage {
 
 class Tensor {
  public:
+  // An undefined tensor (defined() false): no storage and no elements. to_vector() gives an empty
+  // vector, clone() and to() undefined tensors, data() null; reshape and copy_from refuse it.
   Tensor() = default;
   // Uninitialised tensor.
   explicit Tensor(Shape shape, Device device = Device::CPU, Layout layout = Layout::Contiguous);
@@ -65,7 +67,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   std::int64_t dim(int i) const;  // negative i counts from the end
-  std::int64_t numel() const { return numel_of(shape_); }
+  std::int64_t numel() const { return storage_ ? numel_of(shape_) : 0; }
   std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(float); }
   Device device() const { return device_; }
   Layout layout() const { return layout_; }

@@ -64,7 +64,8 @@ Tensor::Tensor(Shape shape, Device device, Layout layout)
   for (auto d : shape_) RELPOS_CHECK(d >= 0, "negative dimension in shape " << to_string(shape_));
   RELPOS_CHECK(layout_ == Layout::Contiguous || shape_.size() == 4,
                "channels-last layout needs a 4-D shape, got " << to_string(shape_));
-  storage_ = std::make_shared<Storage>(bytes(), device_);
+  // (numel() counts 0 until the storage exists)
+  storage_ = std::make_shared<Storage>(static_cast<std::size_t>(numel_of(shape_)) * sizeof(float), device_);
 }
 
 Tensor Tensor::zeros(Shape shape, Device device, Layout layout) {
@@ -97,6 +98,7 @@ float* Tensor::ptr() const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
+  RELPOS_CHECK(defined(), "reshape of an undefined tensor");
   RELPOS_CHECK(layout_ == Layout::Contiguous,
                "reshape needs a contiguous tensor, got " << describe());
   RELPOS_CHECK(numel_of(shape) == numel(),
@@ -124,13 +126,14 @@ Tensor Tensor::from_nhwc(const Tensor& nhwc) {
 }
 
 Tensor Tensor::clone() const {
+  if (!defined()) return Tensor();
   Tensor t(shape_, device_, layout_);
   if (numel() > 0) detail::copy_bytes(t.data(), device_, data(), device_, bytes());
   return t;
 }
 
 Tensor Tensor::to(Device device) const {
-  if (device == device_) return *this;
+  if (device == device_ || !defined()) return *this;
   Tensor t(shape_, device, layout_);
   if (numel() > 0) detail::copy_bytes(t.data(), device, data(), device_, bytes());
   return t;
@@ -186,6 +189,7 @@ void Tensor::fill(float value) {
 }
 
 void Tensor::copy_from(const Tensor& src) {
+  RELPOS_CHECK(defined() && src.defined(), "copy_from: " << (defined() ? "from" : "into") << " an undefined tensor");
   RELPOS_CHECK(src.shape_ == shape_, "copy_from: shape " << to_string(src.shape_) << " into "
                                                          << to_string(shape_));
   if (numel() == 0) return;

@@ -75,12 +75,24 @@ Preprocess Preprocess::from_json(const nlohmann::json& j, const Preprocess& base
   p.interpolation = r.enum_in("interpolation", p.interpolation, kInterpolations);
   p.tta = r.enum_in("tta", p.tta, kTtas);
   r.done();
-  RELPOS_CHECK(std::isfinite(p.scale) && p.scale > 0.0f,
-               r.at("scale") << " must be a positive number (pixel values are multiplied by it; 1/255 for timm), got "
-                             << p.scale);
-  for (float s : p.std) RELPOS_CHECK(std::isfinite(s) && s != 0.0f, r.at("std") << " must be non-zero numbers");
-  for (float m : p.mean) RELPOS_CHECK(std::isfinite(m), r.at("mean") << " must be numbers");
+  p.check();
   return p;
+}
+
+void Preprocess::check() const {
+  const auto key = [](const char* k) { return std::string("preprocess: key '") + k + "'"; };
+  RELPOS_CHECK(height >= 1 && height <= 16384 && width >= 1 && width <= 16384,
+               key("input_size") << " must be 1 to 16384 on each side, got [" << height << ", " << width << "]");
+  RELPOS_CHECK(std::isfinite(scale) && scale > 0.0f,
+               key("scale") << " must be a positive number (pixel values are multiplied by it; 1/255 for timm), got "
+                            << scale);
+  for (int c = 0; c < in_chans(); ++c) {
+    RELPOS_CHECK(std::isfinite(std[static_cast<std::size_t>(c)]) && std[static_cast<std::size_t>(c)] != 0.0f,
+                 key("std") << " must be non-zero numbers");
+    RELPOS_CHECK(std::isfinite(mean[static_cast<std::size_t>(c)]), key("mean") << " must be numbers");
+  }
+  RELPOS_CHECK(std::isfinite(crop_pct) && crop_pct > 0.0 && crop_pct <= 1.0,
+               key("crop_pct") << " must be in (0, 1], got " << crop_pct);
 }
 
 nlohmann::json Preprocess::to_json() const {
@@ -118,14 +130,15 @@ namespace {
 // To 8-bit or float with the model's channel count and order.
 cv::Mat to_channels(const cv::Mat& in, ChannelOrder channels) {
   RELPOS_CHECK(!in.empty(), "empty image");
-  RELPOS_CHECK(in.dims == 2 && (in.channels() == 1 || in.channels() == 3 || in.channels() == 4),
-               "images must be 2-D with 1, 3 or 4 channels, got " << in.channels() << " channels");
-  // a float image's NaN or infinity would reach the logits as a confident-looking class
-  RELPOS_CHECK((in.depth() != CV_32F && in.depth() != CV_64F) || cv::checkRange(in),
-               "the image has NaN or infinite pixel values");
+  RELPOS_CHECK(in.dims == 2, "images must be 2-D (rows x columns, with channels), got a " << in.dims << "-D array");
+  RELPOS_CHECK(in.channels() == 1 || in.channels() == 3 || in.channels() == 4,
+               "images must have 1, 3 or 4 channels, got " << in.channels());
   cv::Mat img = in;
   if (img.depth() == CV_16U) img.convertTo(img, CV_8U, 1.0 / 257.0);
   else if (img.depth() != CV_8U && img.depth() != CV_32F) img.convertTo(img, CV_32F);
+  // a float image's NaN or infinity would reach the logits as a confident-looking class (checked
+  // after the conversion, which takes half floats and doubles to float)
+  RELPOS_CHECK(img.depth() != CV_32F || cv::checkRange(img), "the image has NaN or infinite pixel values");
   cv::Mat out;
   const int c = img.channels();
   if (channels == ChannelOrder::Gray) {
@@ -164,8 +177,11 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
     g.rh = th, g.rw = tw;
     return g;
   }
-  const long sh = static_cast<long>(std::floor(static_cast<double>(th) / p.crop_pct));
-  const long sw = static_cast<long>(std::floor(static_cast<double>(tw) / p.crop_pct));
+  // (checked before the conversion: a tiny crop_pct gives sizes beyond any integer)
+  const double dsh = std::floor(static_cast<double>(th) / p.crop_pct), dsw = std::floor(static_cast<double>(tw) / p.crop_pct);
+  RELPOS_CHECK(dsh <= 1 << 30 && dsw <= 1 << 30, "preprocess: crop_pct " << p.crop_pct << " would resize the image to "
+                                                                      << dsw << "x" << dsh << " before the crop, too large");
+  const long sh = static_cast<long>(dsh), sw = static_cast<long>(dsw);
   if (p.crop_mode == CropMode::Squash) {
     g.rh = sh, g.rw = sw;
   } else if (p.crop_mode == CropMode::Center && sh == sw) {
@@ -197,6 +213,7 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
 }  // namespace
 
 cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p) {
+  p.check();
   const cv::Mat img = to_channels(image, p.channels);
   const Geometry g = geometry(img.rows, img.cols, p);
   RELPOS_CHECK(g.rh <= (1L << 30) && g.rw <= (1L << 30),
@@ -238,6 +255,7 @@ bool has_image_extension(const std::string& path) {
 }
 
 Tensor make_batch(const std::vector<cv::Mat>& images, const Preprocess& p) {
+  p.check();
   const int c = p.in_chans();
   Tensor batch({static_cast<std::int64_t>(images.size()), c, p.height, p.width}, Device::CPU, Layout::ChannelsLast);
   const std::size_t per = static_cast<std::size_t>(p.height) * p.width * c;

@@ -185,8 +185,8 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
     } else if (!config.empty()) {
       fc.config = shipped.config;
     } else {
-      RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture with "
-                  "--config (a config file or a shipped name such as botnet26t_256)");
+      RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture (a config "
+                  "file or a shipped name such as botnet26t_256) with --config, or LoadOptions::config in C++");
     }
     if (meta.count("relpos.version")) {
       const std::string v = meta.at("relpos.version");

@@ -35,6 +35,7 @@ void Model::set_labels(std::vector<std::string> labels) {
 }
 
 void Model::set_preprocess(const Preprocess& p) {
+  p.check();
   RELPOS_CHECK(p.in_chans() == network_.config().in_chans,
                "preprocessing gives " << p.in_chans() << "-channel input (" << to_string(p.channels) << ") but "
                                       << network_.config().name << " takes " << network_.config().in_chans);
