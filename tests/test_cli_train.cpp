@@ -52,9 +52,9 @@ std::string resume_for(const TempDir& d, const std::string& out, int more, const
   return printed;
 }
 
-std::string train_cmd(const TempDir& d, const std::string& out, int epochs) {
-  return cli() + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b 16 --threads 1 --epochs " +
-         std::to_string(epochs) + " -o " + out;
+std::string train_cmd(const TempDir& d, const std::string& out, int epochs, int batch = 16) {
+  return cli() + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b " + std::to_string(batch) +
+         " --threads 1 --epochs " + std::to_string(epochs) + " -o " + out;
 }
 
 }  // namespace
@@ -272,4 +272,77 @@ TEST_CASE("a new relpos train refuses a folder that holds an earlier run's resul
   CHECK(sh(train_cmd(d, out, 2) + " --max-steps 1 --overwrite -q > /dev/null 2>&1") == 0);
   CHECK(slurp(out + "/checkpoint.safetensors") != before);
   CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --overwrite -q > /dev/null 2>&1") == 2);
+}
+
+TEST_CASE("--overwrite keeps the earlier results when the new run cannot start") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);
+  const std::string out = d.path + "/run";
+  REQUIRE(sh(train_cmd(d, out, 1) + " -q > /dev/null 2>&1") == 0);
+  const std::string model = slurp(out + "/model.json");
+  REQUIRE(!model.empty());
+  // a mistyped data folder: the run fails, and the results it was to replace are still there
+  const std::string typo = cli() + " train -c " + relpos::test::tiny_rgb_config() + " --data " + d.path +
+                           "/dataa -b 16 --threads 1 --epochs 1 -o " + out + " --overwrite -q";
+  CHECK(sh(typo + " > " + d.file("log") + " 2>&1") == 1);
+  INFO(slurp(d.file("log")));
+  CHECK(slurp(out + "/model.json") == model);
+  for (const char* f : {"checkpoint.safetensors", "log.csv", "curves.png"}) CHECK(fs::exists(out + "/" + f));
+  // a run that starts replaces them, with none of the old ones left beside its own
+  CHECK(sh(train_cmd(d, out, 1) + " --max-steps 1 --overwrite -q > /dev/null 2>&1") == 0);
+  CHECK(!fs::exists(out + "/model.json"));
+  CHECK(!fs::exists(out + "/log.csv"));
+}
+
+TEST_CASE("--max-steps, --resume --epochs and --save on a resume: what the run says and keeps is what it did") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);  // 3 classes x 8: 3 batches of 8 an epoch
+  // a stop by --max-steps after an epoch has ended is a stop, not the end of the run
+  const std::string out = d.path + "/run";
+  REQUIRE(sh(train_cmd(d, out, 3, 8) + " --max-steps 4 > " + d.file("log") + " 2>&1") == 0);
+  std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find("relpos: stopped after --max-steps; checkpoint saved to " + out + "/checkpoint.safetensors") !=
+        std::string::npos);
+  CHECK(log.find("relpos: done") == std::string::npos);  // (it said done, and named a model.json it had not written)
+  CHECK(!fs::exists(out + "/model.json"));
+  // the checkpoint stands at step 1 of epoch 2 (3 steps an epoch): --epochs 1 would undo it
+  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs 1 -q > " + d.file("log2") + " 2>&1") == 1);
+  log = slurp(d.file("log2"));
+  CHECK(log.find("the run has done 1 epoch and 1 batch of epoch 2 already; --epochs 1 would undo them (give at "
+                 "least 2)") != std::string::npos);
+  // a relative --save given on --resume is kept as an absolute path, so the next resume from
+  // elsewhere saves to the same file
+  fs::create_directories(d.path + "/a");
+  fs::create_directories(d.path + "/b");
+  REQUIRE(sh("cd " + d.path + "/a && " + cli() + " train --resume ../run/checkpoint.safetensors --save m.json --max-steps 5 -q > " +
+             d.file("log3") + " 2>&1") == 0);
+  REQUIRE(sh("cd " + d.path + "/b && " + cli() + " train --resume ../run/checkpoint.safetensors -q > " + d.file("log4") +
+             " 2>&1") == 0);
+  INFO(slurp(d.file("log4")));
+  CHECK(fs::exists(d.path + "/a/m.json"));
+  CHECK(!fs::exists(d.path + "/b/m.json"));
+}
+
+TEST_CASE("a run stopped at an epoch's last batch and resumed logs the rate that epoch ended with") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);  // 3 batches of 8 an epoch
+  REQUIRE(sh(train_cmd(d, d.path + "/whole", 2, 8) + " -q > /dev/null 2>&1") == 0);
+  REQUIRE(sh(train_cmd(d, d.path + "/parts", 2, 8) + " --max-steps 3 -q > /dev/null 2>&1") == 0);
+  REQUIRE(sh(cli() + " train --resume " + d.path + "/parts/checkpoint.safetensors -q > /dev/null 2>&1") == 0);
+  // (the resumed epoch had no batch left and logged the next step's rate)
+  const auto column = [&](const std::string& csv, int col) {
+    std::istringstream in(slurp(csv));
+    std::string line, out;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string cell;
+      for (int i = 0; i <= col; ++i) std::getline(f, cell, ',');
+      out += cell + ";";
+    }
+    return out;
+  };
+  CHECK(column(d.path + "/parts/log.csv", 1) == column(d.path + "/whole/log.csv", 1));  // lr
+  CHECK(column(d.path + "/parts/log.csv", 2) == column(d.path + "/whole/log.csv", 2));  // train loss
 }

@@ -153,3 +153,30 @@ TEST_CASE("a process whose part of a batch is all unreadable: every process skip
   CHECK(log.find("not a readable image") != std::string::npos);  // the damaged files are named as they are skipped
   CHECK(fs::exists(d.path + "/run/model.json"));
 }
+
+TEST_CASE("processes given different commands, or one that fails before training, stop with an error; none hangs") {
+  if (!can_run()) return;
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 2);
+  const std::string launch = "timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 " +
+                             kSharedMemory + " -np 1 ";
+  // one process cannot read its config: it used to wait in MPI_Finalize and the other in the first
+  // broadcast, forever
+  std::string bad = std::string(RELPOS_CLI_PATH) + " train -c " + d.path + "/missing.json --data " + d.path +
+                    "/data -b 4 --threads 1 --epochs 1 -q -o " + d.path + "/run1";
+  int status = sh(launch + train_args(d, 4, d.path + "/run1") + " : -np 1 " + bad + " > " + d.file("log1") + " 2>&1");
+  std::string log = slurp(d.file("log1"));
+  INFO(log);
+  CHECK(status != 0);
+  CHECK(status != 124);  // 124: timed out, i.e. hung
+  CHECK(log.find(d.path + "/missing.json") != std::string::npos);
+  // another number of epochs (or --max-steps, --lr, data): every process stops, naming the one that differs
+  status = sh(launch + train_args(d, 4, d.path + "/run2") + " : -np 1 " + train_args(d, 4, d.path + "/run2") +
+              " --min-lr 0.001 > " + d.file("log2") + " 2>&1");
+  log = slurp(d.file("log2"));
+  INFO(log);
+  CHECK(status != 0);
+  CHECK(status != 124);
+  CHECK(log.find("process 1 of 2 got other options, another model or other training data than process 0") !=
+        std::string::npos);
+}

@@ -110,6 +110,9 @@ struct TrainOptions {
 struct TrainResult {
   std::vector<EpochLog> history;
   bool interrupted = false;
+  // The run stopped at TrainOptions::max_steps before its last epoch ended: a checkpoint was saved,
+  // no model.json written.
+  bool max_steps_reached = false;
   std::string checkpoint;
   double seconds = 0.0;  // training time of this run (resumed runs: this part only)
   double images = 0.0;   // images trained on in this run
@@ -141,6 +144,10 @@ struct TrainProcesses {
   bool nccl = false;      // GPU gradients are all-reduced with NCCL (else through MPI on the host)
 };
 TrainProcesses train_processes();
+// For a process of a run of several (mpirun) that gives up outside train(), say on a missing file
+// before it (train() does this itself when it throws): at exit it leaves MPI without finalizing, so
+// that mpirun stops the other processes instead of their waiting for it forever. Alone: no effect.
+void abandon_train_processes();
 
 // The model a checkpoint holds (config, weights, labels, preprocessing): the EMA weights when the
 // run kept an EMA (what it evaluated), else the trained weights.

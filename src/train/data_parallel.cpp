@@ -68,6 +68,20 @@ void DataParallel::check_resume(int checkpoint_processes, const std::string& che
                                                         : "mpirun -np " + std::to_string(checkpoint_processes)));
 }
 
+void DataParallel::check_same_run(const std::string& run) {
+  if (group_.size() == 1) return;
+  const std::uint64_t mine = fnv1a(0xcbf29ce484222325ull, run.data(), run.size());
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(group_.size()));
+  group_.allgather(&mine, 1, all.data());
+  std::ostringstream differ;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differ << (differ.tellp() > 0 ? ", " : "") << r;
+  RELPOS_CHECK(differ.tellp() == 0, "process" << (differ.str().find(',') == std::string::npos ? " " : "es ") << differ.str()
+                                              << " of " << group_.size() << " got other options, another model or "
+                                                 "other training data than process 0 (or resumed another checkpoint): "
+                                                 "every process of a run needs the same relpos train command and data");
+}
+
 void DataParallel::start(Network& net, Optimizer& optimizer, const TrainOptions& options) {
   net_ = &net;
   optimizer_ = &optimizer;
@@ -158,6 +172,11 @@ EvalResult DataParallel::evaluate(const Model& model, const Dataset& data, int b
 }  // namespace relpos::detail
 
 namespace relpos {
+
+void abandon_train_processes() {
+  detail::ProcessGroup& g = detail::ProcessGroup::world();
+  if (g.size() > 1) g.fail();
+}
 
 TrainProcesses train_processes() {
   detail::ProcessGroup& g = detail::ProcessGroup::world();

@@ -35,6 +35,10 @@ class DataParallel : public BatchNormSync {
   bool writer() const { return group_.rank() == 0; }  // writes logs, checkpoints and the model
   // A checkpoint records the processes that wrote it; resuming it takes as many.
   void check_resume(int checkpoint_processes, const std::string& checkpoint) const;
+  // Collective: throws on every process when the processes' `run` texts (the recipe, the model's
+  // architecture, the data's fingerprint and the progress) differ, naming the ones that differ from
+  // process 0.
+  void check_same_run(const std::string& run);
 
   // Once the model and optimizer are set up: rank 0's weights, buffers and optimizer state go to
   // every process; the gradient buckets are laid out; sync_bn installs the batch-norm sync.

@@ -176,15 +176,30 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.checkpoint_minutes = options.checkpoint_minutes;
     opts.bucket_mb = options.bucket_mb;
     dp.check_resume(opts.processes, resume);
-    if (!options.save.empty()) opts.save = options.save;  // else where the run was told to save
+    // else where the run was told to save; absolute, as a new run's, for the next resume from elsewhere
+    if (!options.save.empty()) {
+      RELPOS_CHECK(detail::valid_utf8(options.save),
+                   detail::printable_utf8(options.save) << ": the path of the model file (--save) is not valid UTF-8 "
+                                                           "(the checkpoint records it as text); rename it");
+      opts.save = fs::absolute(options.save).lexically_normal().string();
+    }
     opts.extend = options.extend;
     opts.extend_lr = options.extend_lr;
     prog = ck->progress;
     // the thread count the run computed with (oneDNN's sums depend on it), unless one is set now
     if (num_threads() == 0 && prog.threads > 0) fixed_threads.use(prog.threads);
     if (resume_epochs > 0) {
-      RELPOS_CHECK(resume_epochs >= prog.epoch, resume << ": the run has done " << prog.epoch
-                                                       << " epochs already; --epochs " << resume_epochs << " would undo them");
+      // a checkpoint taken inside an epoch has begun the next one: it cannot end before that one does
+      const int begun = prog.epoch + (prog.batch_in_epoch > 0 ? 1 : 0);
+      const auto count = [](long n, const char* one, const char* many) {
+        return std::to_string(n) + " " + (n == 1 ? one : many);
+      };
+      RELPOS_CHECK(resume_epochs >= begun,
+                   resume << ": the run has done " << count(prog.epoch, "epoch", "epochs")
+                          << (prog.batch_in_epoch > 0 ? " and " + count(static_cast<long>(prog.batch_in_epoch), "batch", "batches") +
+                                                            " of epoch " + std::to_string(prog.epoch + 1)
+                                                      : std::string())
+                          << " already; --epochs " << resume_epochs << " would undo them (give at least " << begun << ")");
       opts.epochs = resume_epochs;
     }
     opts.out = fs::path(resume).parent_path().string();
@@ -239,8 +254,6 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     check_writable_folder(opts.out, "the output folder");
     folder_lock.emplace(opts.out);  // before the check: a run that starts after this one sees it
     if (!ck && !opts.overwrite) check_fresh_output(opts.out);
-    if (!ck && opts.overwrite)  // a new run replaces the earlier one's results, none left beside its own
-      for (const char* f : kRunFiles) fs::remove(fs::path(opts.out) / f, ec);
     if (!opts.save.empty()) {
       for (const char* f : kRunFiles) {
         const fs::path own = fs::path(opts.out) / f;
@@ -327,6 +340,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                          "run's; restore the data, or start a new run");
   prog.data_fingerprint = hex;
   prog.data_images = static_cast<long>(train_all->size());
+  // Every process must run the same recipe on the same data from the same point, or they wait for
+  // each other forever (one stops earlier) or fail inside MPI (different sizes): checked up front.
+  dp.check_same_run(opts.to_json().dump() + '\n' + net.config().to_json().dump() + '\n' + hex + '\n' +
+                    std::to_string(prog.step) + '\n' + std::to_string(prog.batch_in_epoch));
   if (canvas > 0) check_fits_canvas(*train_pool, canvas);
   // Validation data: part of the training set (seeded), or a val/ folder.
   const Dataset* train_data = train_pool;
@@ -401,6 +418,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                opts.data << ": " << train_data->size() << " training images, fewer than one global batch ("
                          << dp.size() << " x " << opts.batch << ")");
   DataLoader loader(*train_data, model.preprocess(), lo);
+  // With --overwrite a new run replaces the earlier one's results, none left beside its own: only now
+  // that its data are open and checked, so that a run that cannot start loses nothing.
+  if (dp.writer() && !ck && opts.overwrite)
+    for (const char* f : kRunFiles) fs::remove(fs::path(opts.out) / f, ec);
   const std::size_t per_epoch = loader.batches_per_epoch();
   RELPOS_CHECK(!ck || prog.batch_in_epoch <= per_epoch,
                resume << ": the checkpoint stands at batch " << prog.batch_in_epoch << " of an epoch of " << per_epoch
@@ -436,15 +457,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   const auto run_start = Clock::now();
   const double run_before = prog.run_seconds;
   auto last_save = Clock::now();
+  // One model on every process; a warning when they had drifted apart (rank 0's copied to all).
+  const auto synchronize = [&] {
+    const std::string drift = dp.synchronize_state();
+    if (drift.empty()) return;
+    TrainEvent ev;
+    ev.kind = TrainEvent::Kind::Message;
+    ev.message = drift;
+    report(ev);
+  };
   auto save = [&] {
     prog.run_seconds = run_before + seconds_since(run_start);
-    const std::string drift = dp.synchronize_state();
-    if (!drift.empty()) {
-      TrainEvent ev;
-      ev.kind = TrainEvent::Kind::Message;
-      ev.message = drift;
-      report(ev);
-    }
+    synchronize();
     if (dp.writer()) detail::save_checkpoint(ckpt_path, model, optimizer, opts, prog, ema ? &*ema : nullptr);
     result.checkpoint = ckpt_path;
     ++result.checkpoints;
@@ -458,7 +482,8 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     const double epoch_before = prog.seconds;
     const double seen_before = prog.seen;
     Batch b;
-    float lr = sched.at(prog.step);
+    // the rate of the epoch's last step: one resumed at its end runs none, and logs the one it ran before
+    float lr = prog.batch_in_epoch > 0 && prog.step > 0 ? sched.at(prog.step - 1) : sched.at(prog.step);
     std::size_t done_now = 0;  // batches of this epoch run in this call
     while (loader.next(b)) {
       if (dp.size() > 1) {  // a process whose part of the batch was all unreadable: all skip the step
@@ -526,6 +551,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
         net.prepare_inference();
         save();
         result.interrupted = stop_asked;
+        result.max_steps_reached = !stop_asked;
         result.history = prog.history;
         result.seconds = seconds_since(run_start);
         return result;
@@ -546,7 +572,7 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     e.train_acc = prog.correct / std::max(1.0, prog.seen);
     e.seconds = prog.seconds;
     e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
-    dp.synchronize_state();  // one model on every process (the checkpoint below checks again)
+    synchronize();  // before the evaluation (the checkpoint below checks again)
     const Model& scored = scored_model();
     if (val_data) {
       const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);

@@ -1,4 +1,5 @@
 // relpos train: train a model on Fashion-MNIST or an image folder.
+#include <exception>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,9 +73,19 @@ Model starting_model(TrainArgs& a, Device device) {
   return Model::open(a.init, lo);
 }
 
+// While it lives, an error leaving run() in one process of a run of several (a missing checkpoint on
+// one machine) makes mpirun stop them all, instead of the others waiting for this one forever.
+struct AbandonOnError {
+  const int uncaught = std::uncaught_exceptions();
+  ~AbandonOnError() {
+    if (std::uncaught_exceptions() > uncaught) abandon_train_processes();
+  }
+};
+
 void run(TrainArgs a) {
   // first: under mpirun this joins MPI and picks this process's GPU before any CUDA work
   const TrainProcesses procs = train_processes();
+  const AbandonOnError abandon_on_error;
   RELPOS_CHECK(procs.mpi || (procs.size == 1 && !a.opt.sync_bn),
                "this relpos was built without MPI, so data-parallel training (mpirun -np N relpos train, "
                "--sync-bn) is not available; rebuild it with MPI (docs/distributed.md)");
@@ -114,7 +125,7 @@ void run(TrainArgs a) {
   if (r.images > 0)
     std::cerr << std::fixed << std::setprecision(1) << "relpos: trained on " << count_text(static_cast<long>(r.images), "image") << " in "
               << r.step_seconds << " s of training steps (" << r.images / r.step_seconds << " img/s)\n";
-  if (!r.checkpoint.empty() && r.history.empty()) {
+  if (r.max_steps_reached) {
     std::cerr << "relpos: stopped after --max-steps; checkpoint saved to " << r.checkpoint << "\n";
     return;
   }
@@ -153,7 +164,7 @@ void check_resume_flags(const CLI::App& sub, bool epochs_given) {
     }
     RELPOS_USAGE_CHECK(false, "--" << name << " cannot change a resumed run: its options come from the checkpoint "
                                             "(with --resume: --epochs, --lr and --extend to extend it, --save, --workers, "
-                                            "--threads, --device, --max-steps, --checkpoint-every, --bucket-mb, -q)");
+                                            "--threads, --device, --max-steps, --checkpoint-every, --bucket-mb, --max-model-gb, -q)");
   }
 }
 
