@@ -151,6 +151,21 @@ std::string DataParallel::synchronize_state() {
          "were copied to all";
 }
 
+std::vector<Tensor> DataParallel::own_statistics() const {
+  std::vector<Tensor> out;
+  if (group_.size() == 1 || sync_bn_ || !net_) return out;
+  for (const ParamRef& p : net_->params())
+    if (!p.grad) out.push_back(p.value->clone());
+  return out;
+}
+
+void DataParallel::restore_statistics(const std::vector<Tensor>& saved) {
+  if (saved.empty()) return;
+  std::size_t i = 0;
+  for (const ParamRef& p : net_->params())
+    if (!p.grad) p.value->copy_from(saved.at(i++));
+}
+
 EvalResult DataParallel::evaluate(const Model& model, const Dataset& data, int batch) {
   if (group_.size() == 1) return relpos::evaluate(model, data, batch);
   const DatasetShard part(data, static_cast<std::size_t>(group_.rank()), static_cast<std::size_t>(group_.size()));

@@ -55,6 +55,11 @@ class DataParallel : public BatchNormSync {
   // statistics are averaged; the processes' weights and optimizer state are checked to agree bit
   // for bit. Returns a warning ("" if none) when they did not and rank 0's were copied to all.
   std::string synchronize_state();
+  // Without sync_bn in a run of several processes: copies of this process's batch-norm running
+  // statistics, which synchronize_state replaces by the processes' mean (empty otherwise); and
+  // putting them back.
+  std::vector<Tensor> own_statistics() const;
+  void restore_statistics(const std::vector<Tensor>& saved);
   // The test-set score, each process evaluating every size()-th image.
   EvalResult evaluate(const Model& model, const Dataset& data, int batch);
 

@@ -559,7 +559,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       // Inside an epoch, a checkpoint every checkpoint_minutes (resuming from it is exact, as after Ctrl-C).
       if (opts.checkpoint_minutes > 0 && prog.batch_in_epoch < per_epoch && checkpoint_due) {
         net.release_saved();
+        // the checkpoint holds the processes' mean running statistics; the run goes on with each
+        // its own, so that when checkpoints fall (by the clock) does not change the run
+        const std::vector<Tensor> own = dp.own_statistics();
         save();
+        dp.restore_statistics(own);
       }
     }
     train_seconds = result.step_seconds;
