@@ -3,6 +3,7 @@
 // CLI behaves like one (usage errors exit 2, bounded flags, JSON for any file name).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -357,4 +358,78 @@ TEST_CASE("a progress bar on a terminal only, never with -q or in a pipe") {
   CHECK(r.out.find("ETA") == std::string::npos);
   const auto piped = run_cli("classify --threads 1 -m " + src("models/botnet-fmnist.json") + " " + src("samples"));
   CHECK(piped.out.find("ETA") == std::string::npos);
+}
+
+TEST_CASE("eval --class-order sorted reads folders in class order (ImageNet's WordNet IDs), as torchvision does") {
+  test::TempDir d;
+  make_sample_folders(d.path + "/named");
+  // the same images in folders named n00 .. n09 in the model's class order
+  const std::vector<std::string> labels = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                           "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  fs::create_directories(d.path + "/ids");
+  for (std::size_t c = 0; c < labels.size(); ++c)
+    fs::copy(d.path + "/named/" + label_folder_name(labels[c]), d.path + "/ids/n0" + std::to_string(c),
+             fs::copy_options::recursive);
+  const std::string model = src("models/botnet-fmnist.json");
+  auto r = run_cli("eval -q --json -m " + model + " --data " + d.path + "/named", true);
+  REQUIRE(r.status == 0);
+  const json by_label = json::parse(r.out);
+  // by label the ID folders are refused, and the message says what to use
+  r = run_cli("eval -q -m " + model + " --data " + d.path + "/ids");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("folder 'n00' is not one of the model's 10 class labels") != std::string::npos);
+  CHECK(r.out.find("relpos eval --class-order sorted") != std::string::npos);
+  r = run_cli("eval -q --json --class-order sorted -m " + model + " --data " + d.path + "/ids", true);
+  REQUIRE(r.status == 0);
+  const json sorted = json::parse(r.out);
+  CHECK(sorted["top1"] == by_label["top1"]);
+  CHECK(sorted["confusion"] == by_label["confusion"]);
+  CHECK(sorted["classes"][0] == "T-shirt/top");  // the model's labels name the classes
+  // top-5 as classify --topk 5 ranks the same images
+  int in_top5 = 0, images = 0;
+  for (std::size_t c = 0; c < labels.size(); ++c) {
+    const auto k = run_cli("classify -q --json --topk 5 -m " + model + " " + d.path + "/ids/n0" + std::to_string(c), true);
+    std::istringstream lines(k.out);
+    for (std::string line; std::getline(lines, line);) {
+      ++images;
+      const json one = json::parse(line);
+      for (const auto& p : one["predictions"]) in_top5 += p["index"] == static_cast<int>(c);
+    }
+  }
+  CHECK(images == 30);
+  CHECK(sorted["top5"].get<double>() == doctest::Approx(in_top5 / 30.0));
+  CHECK(sorted["top5"].get<double>() >= sorted["top1"].get<double>());
+  // a folder of class folders is scored as it is: no split in what is printed
+  r = run_cli("eval -q --class-order sorted -m " + model + " --data " + d.path + "/ids", true);
+  CHECK(r.out.rfind(d.path + "/ids: 30 images, top-1 ", 0) == 0);
+  CHECK(r.out.find(", top-5 ") != std::string::npos);
+  // as many folders as classes
+  fs::remove_all(d.path + "/ids/n09");
+  r = run_cli("eval -q --class-order sorted -m " + model + " --data " + d.path + "/ids");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("9 class folders, but the model has 10 classes") != std::string::npos);
+}
+
+TEST_CASE("eval with many classes: the lowest per-class accuracies and no text matrix; --png refused before work") {
+  test::TempDir d;
+  // a 40-class model (random weights) and one image in each of 40 folders
+  json config = json::parse(std::ifstream(src("models/fmnist_conv.json")));
+  config["num_classes"] = 40;
+  config.erase("labels");  // (Fashion-MNIST's 10)
+  std::ofstream(d.file("c40.json")) << config.dump();
+  for (int c = 0; c < 40; ++c) {
+    const std::string dir = d.path + "/data/c" + std::string(c < 10 ? "0" : "") + std::to_string(c);
+    fs::create_directories(dir);
+    fs::copy_file(src("samples/bag_00018.png"), dir + "/x.png");
+  }
+  auto r = run_cli("eval -q -m " + d.file("c40.json") + " --data " + d.path + "/data --class-order sorted", true);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("per class (the 10 lowest of 40; --json has them all):") != std::string::npos);
+  CHECK(r.out.find("confusion matrix: 40 x 40, in --json") != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 20);
+  // a 1000-class picture would be 28,000 pixels wide: refused before the evaluation
+  r = run_cli("eval -q -m botnet26t_256 --data " + d.path + "/data --class-order sorted --png " + d.file("c.png"));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--png: the confusion matrix is drawn for up to 100 classes; the model has 1000") != std::string::npos);
 }

@@ -45,14 +45,24 @@ class IdxDataset : public Dataset {
   std::vector<std::string> classes_;
 };
 
+// How the class folders of a dataset find a model's classes (given its labels).
+enum class ClassFolders {
+  ByLabel,  // a folder is named as its class's label, with '/' written as '_'
+  // The folders in sorted name order are classes 0, 1, ... (torchvision's ImageFolder, as timm's
+  // validate.py reads ImageNet's val/ of WordNet-ID folders); as many folders as classes.
+  Sorted,
+};
+
 // root/<class>/<image files>; classes in sorted folder-name order.
 class ImageFolderDataset : public Dataset {
  public:
   // Each subfolder of root is a class. With `labels` (a model's class labels) folders are matched
   // to labels by name: a folder is named as its label, with '/' written as '_' ("T-shirt/top" ->
   // "T-shirt_top"); a folder that is no label, or a label without a folder, is an error naming it.
+  // With ClassFolders::Sorted the sorted folders are the labels' classes in order instead.
   // Without labels the classes are the folder names in alphabetical order.
-  explicit ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels = {});
+  explicit ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels = {},
+                              ClassFolders order = ClassFolders::ByLabel);
   std::size_t size() const override { return files_.size(); }
   int label(std::size_t i) const override { return labels_[i]; }
   cv::Mat image(std::size_t i) const override;
@@ -70,9 +80,10 @@ const std::vector<std::string>& fashion_mnist_classes();
 // "fashion-mnist" (Debian's dataset-fashion-mnist package) or a folder of class folders. For a
 // folder, split "train"/"test" uses root/train and root/test when they exist, else root itself;
 // split "val" uses root/val (an error when there is none).
-// With `labels` (a model's), classes are matched by name (see ImageFolderDataset).
+// With `labels` (a model's), classes are matched by name, or by sorted order (see ImageFolderDataset).
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
-                                      const std::vector<std::string>& labels = {});
+                                      const std::vector<std::string>& labels = {},
+                                      ClassFolders order = ClassFolders::ByLabel);
 // The folder name that holds a class label's images: the label with '/' written as '_'.
 std::string label_folder_name(const std::string& label);
 

@@ -166,6 +166,7 @@ struct EvalResult {
   std::size_t count = 0;
   double loss = 0.0;
   double top1 = 0.0;
+  double top5 = 0.0;  // the true class among the 5 highest logits (1 with 5 classes or fewer)
   std::vector<std::string> classes;
   std::vector<std::vector<long>> confusion;  // [true][predicted]
   std::vector<double> per_class;             // accuracy per true class

@@ -102,7 +102,8 @@ std::string label_folder_name(const std::string& label) {
   return f;
 }
 
-ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels) {
+ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vector<std::string>& labels,
+                                       ClassFolders order) {
   RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
   std::vector<std::string> folders;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -121,8 +122,12 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                                             << ": a class folder's name must be valid UTF-8 (it is the class's label)");
   // Which class each folder holds: by name when the labels are known, else alphabetical.
   std::vector<int> class_of(folders.size());
-  if (labels.empty()) {
-    classes_ = folders;
+  if (labels.empty() || order == ClassFolders::Sorted) {
+    RELPOS_CHECK(labels.empty() || folders.size() == labels.size(),
+                 root << ": " << folders.size() << " class folders, but the model has " << labels.size()
+                      << " classes (in sorted order the folders are classes 0 to " << labels.size() - 1
+                      << ", so there must be as many)");
+    classes_ = labels.empty() ? folders : labels;
     for (std::size_t f = 0; f < folders.size(); ++f) class_of[f] = static_cast<int>(f);
   } else {
     classes_ = labels;
@@ -140,7 +145,9 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
       for (std::size_t l = 0; l < labels.size() && c < 0; ++l)
         if (folders[f] == labels[l] || folders[f] == label_folder_name(labels[l])) c = static_cast<int>(l);
       RELPOS_CHECK(c >= 0, root << ": folder '" << folders[f] << "' is not one of the model's " << labels.size()
-                                << " class labels (a label names its folder, with '/' written as '_')");
+                                << " class labels (a label names its folder, with '/' written as '_'; folders "
+                                   "that hold the classes in sorted order, as ImageNet's WordNet IDs do: "
+                                   "ClassFolders::Sorted, relpos eval --class-order sorted)");
       class_of[f] = c;
       found[static_cast<std::size_t>(c)] = true;
     }
@@ -161,7 +168,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
 cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files_[i]); }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
-                                      const std::vector<std::string>& labels) {
+                                      const std::vector<std::string>& labels, ClassFolders order) {
   RELPOS_CHECK(split == "train" || split == "test" || split == "val",
                "split must be train, val or test, got '" << split << "'");
   if (spec == "fashion-mnist" || spec == "fmnist") {
@@ -177,7 +184,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
   }
   const fs::path sub = fs::path(spec) / split;
-  if (fs::is_directory(sub)) return std::make_unique<ImageFolderDataset>(sub.string(), labels);
+  if (fs::is_directory(sub)) return std::make_unique<ImageFolderDataset>(sub.string(), labels, order);
   // DIR itself holds the class folders only when it has no split folders at all: with test/ but no
   // train/, asking for train is an error, not DIR's split folders taken for classes.
   std::string splits;
@@ -185,7 +192,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     if (fs::is_directory(fs::path(spec) / s)) splits += std::string(splits.empty() ? "" : ", ") + s + "/";
   RELPOS_CHECK(split != "val" && splits.empty(),
                spec << ": no " << split << "/ folder" << (splits.empty() ? "" : " (it has " + splits + ")"));
-  return std::make_unique<ImageFolderDataset>(spec, labels);
+  return std::make_unique<ImageFolderDataset>(spec, labels, order);
 }
 
 }  // namespace relpos

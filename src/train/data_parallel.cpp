@@ -172,13 +172,14 @@ EvalResult DataParallel::evaluate(const Model& model, const Dataset& data, int b
   EvalResult mine;
   if (part.size() > 0) mine = relpos::evaluate(model, part, batch);
   const double n = static_cast<double>(mine.count);
-  double sums[4] = {n, mine.loss * n, mine.top1 * n, static_cast<double>(mine.skipped)};
-  group_.allreduce_sum(sums, 4);
+  double sums[5] = {n, mine.loss * n, mine.top1 * n, static_cast<double>(mine.skipped), mine.top5 * n};
+  group_.allreduce_sum(sums, 5);
   RELPOS_CHECK(sums[0] > 0, "no readable images to evaluate");
   EvalResult r;  // the scores; the per-class tables stay this process's
   r.count = static_cast<std::size_t>(sums[0]);
   r.loss = sums[1] / sums[0];
   r.top1 = sums[2] / sums[0];
+  r.top5 = sums[4] / sums[0];
   r.skipped = static_cast<std::size_t>(sums[3]);
   r.classes = mine.classes;
   return r;

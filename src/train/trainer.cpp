@@ -131,15 +131,21 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
   loader.start_epoch(0);
   Batch b;
   double loss_sum = 0.0;
-  long correct = 0;
+  long correct = 0, in_top5 = 0;
   while (loader.next(b)) {
     if (b.labels.empty()) continue;
     const Tensor logits = model.logits(b.images);
     loss_sum += ops::cross_entropy(logits, b.labels).loss * static_cast<double>(b.labels.size());
     for (std::size_t i = 0; i < b.labels.size(); ++i) {
-      const int p = argmax(logits.data() + i * static_cast<std::size_t>(classes), classes);
+      const float* row = logits.data() + i * static_cast<std::size_t>(classes);
+      const int p = argmax(row, classes);
       ++r.confusion[static_cast<std::size_t>(b.labels[i])][static_cast<std::size_t>(p)];
       correct += p == b.labels[i];
+      // top-5: fewer than 5 classes score above the true one (ties go to the lower index, as argmax)
+      const float truth = row[b.labels[i]];
+      int above = 0;
+      for (int c = 0; c < classes; ++c) above += row[c] > truth || (row[c] == truth && c < b.labels[i]);
+      in_top5 += above < 5;
       r.predictions.push_back(p);
     }
     r.count += b.labels.size();
@@ -149,6 +155,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
   RELPOS_CHECK(r.count > 0, "no readable images to evaluate");
   r.loss = loss_sum / static_cast<double>(r.count);
   r.top1 = static_cast<double>(correct) / static_cast<double>(r.count);
+  r.top5 = static_cast<double>(in_top5) / static_cast<double>(r.count);
   for (std::size_t c = 0; c < r.confusion.size(); ++c) {
     long n = 0;
     for (long v : r.confusion[c]) n += v;

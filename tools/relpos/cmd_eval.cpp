@@ -20,7 +20,7 @@ namespace {
 struct EvalArgs {
   ModelOptions model;
   PreprocessOptions pre;
-  std::string data = "fashion-mnist", split = "test", png, compare;
+  std::string data = "fashion-mnist", split = "test", png, compare, class_order = "labels";
   int batch = 500;
   int canvas = 0;
   std::string input_size;  // "N" or "HxW"
@@ -88,6 +88,12 @@ void run(const EvalArgs& a) {
   if (!a.input_size.empty()) size = parse_size(a.input_size);
   else if (a.canvas > 0) size = std::make_pair(a.canvas, a.canvas);
   Model model = eval_model(a.model, a.pre, size);
+  // a confusion picture of many classes would be enormous (28 pixels a cell): refused before the work
+  constexpr int kMostPictured = 100;
+  RELPOS_USAGE_CHECK(a.png.empty() || model.network().config().num_classes <= kMostPictured,
+                     "--png: the confusion matrix is drawn for up to " << kMostPictured << " classes; the model has "
+                                                                       << model.network().config().num_classes
+                                                                       << " (--json holds it as numbers)");
   // --compare's model, checked before any work
   std::optional<Model> m2;
   std::vector<int> same_class;
@@ -108,7 +114,14 @@ void run(const EvalArgs& a) {
                        "--split train: " << a.data << " has no train/ folder (a folder of class folders is evaluated "
                                                       "as it is, without --split)");
   }
-  const auto base = open_dataset(a.data, a.split, model.labels());
+  const auto base = open_dataset(a.data, a.split, model.labels(),
+                                 a.class_order == "sorted" ? ClassFolders::Sorted : ClassFolders::ByLabel);
+  // what is scored: the split's folder, or a folder of class folders as it is
+  std::string scored = a.data + " " + a.split;
+  if (a.data != "fashion-mnist" && a.data != "fmnist") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(std::filesystem::path(a.data) / a.split, ec)) scored = a.data;
+  }
   std::optional<CanvasDataset> on_canvas;
   if (a.canvas > 0) on_canvas.emplace(*base, a.canvas);
   const Dataset* data = on_canvas ? static_cast<const Dataset*>(&*on_canvas) : base.get();
@@ -131,20 +144,34 @@ void run(const EvalArgs& a) {
     agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
   }
   if (a.json) {
-    nlohmann::json j = {{"data", a.data}, {"split", a.split}, {"canvas", a.canvas}, {"images", r.count}, {"top1", r.top1},
-                        {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
+    nlohmann::json j = {{"data", a.data}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
+                        {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}};
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
     std::cout << json_text(j) << "\n";
   } else {
-    std::cout << std::fixed << std::setprecision(2) << a.data << " " << a.split << ": " << r.count << " images";
+    std::cout << std::fixed << std::setprecision(2) << scored << ": " << r.count << " images";
     if (r.skipped) std::cout << " (" << r.skipped << " unreadable, skipped)";
-    std::cout << ", top-1 "
-              << 100 * r.top1 << "%, loss " << std::setprecision(4) << r.loss << "\nper class:\n";
-    for (std::size_t c = 0; c < r.classes.size(); ++c)
+    std::cout << ", top-1 " << 100 * r.top1 << "%";
+    if (r.classes.size() > 5) std::cout << ", top-5 " << 100 * r.top5 << "%";
+    std::cout << ", loss " << std::setprecision(4) << r.loss << "\n";
+    // many classes (ImageNet's 1000): the 10 lowest per-class accuracies, and no matrix of text
+    constexpr std::size_t kMostListed = 30;
+    std::vector<std::size_t> listed(r.classes.size());
+    for (std::size_t c = 0; c < listed.size(); ++c) listed[c] = c;
+    if (listed.size() > kMostListed) {
+      std::stable_sort(listed.begin(), listed.end(),
+                       [&](std::size_t x, std::size_t y) { return r.per_class[x] < r.per_class[y]; });
+      listed.resize(10);
+      std::cout << "per class (the 10 lowest of " << r.classes.size() << "; --json has them all):\n";
+    } else {
+      std::cout << "per class:\n";
+    }
+    for (const std::size_t c : listed)
       std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2)
                 << std::setw(7) << 100 * r.per_class[c] << "%\n";
-    std::cout << format_confusion(r);
+    if (r.classes.size() <= kMostListed) std::cout << format_confusion(r);
+    else std::cout << "confusion matrix: " << r.classes.size() << " x " << r.classes.size() << ", in --json\n";
     if (agreement >= 0)
       std::cout << std::setprecision(2) << "top-1 agreement with " << a.compare << ": " << 100 * agreement << "% of "
                 << r.count << " images\n";
@@ -167,6 +194,12 @@ void register_eval(CLI::App& app) {
   a->model.add(sub);
   sub->add_option("--data", a->data, "fashion-mnist, or a folder (with test/ or of class folders)")->capture_default_str();
   sub->add_option("--split", a->split, "test or train")->check(CLI::IsMember({"test", "train"}))->capture_default_str();
+  sub->add_option("--class-order", a->class_order,
+                  "How class folders find the model's classes: labels (a folder is named as its class's label) or "
+                  "sorted (the folders in sorted name order are classes 0, 1, ...: torchvision's ImageFolder, as "
+                  "for ImageNet's val/ of WordNet-ID folders)")
+      ->check(CLI::IsMember({"labels", "sorted"}))
+      ->capture_default_str();
   sub->add_option("-b,--batch", a->batch, "Images per forward pass")
       ->check(at_least_one("--batch", "images per forward pass"))
       ->capture_default_str();
