@@ -142,6 +142,13 @@ TEST_CASE("threads: by default relpos leaves a core to each running thread of an
                                  true, "-u OMP_NUM_THREADS -u RELPOS_ADAPTIVE_THREADS");
   const auto fixed = test::run_cli("bench -m " + test::source_dir() + "/models/botnet-fmnist.json --iters 2 --warmup 1 --json",
                                    true, "-u OMP_NUM_THREADS RELPOS_ADAPTIVE_THREADS=0");
+  // a training run computes with OpenMP's default whatever the load, and says so (its first line
+  // gave the adaptive count)
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 8, 2);
+  const auto train = test::run_cli("train -c " + test::tiny_rgb_config() + " --data " + d.path +
+                                       "/data -b 8 --epochs 1 --max-steps 1 --no-eval -o " + d.path + "/run",
+                                   false, "-u OMP_NUM_THREADS -u RELPOS_ADAPTIVE_THREADS");
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   REQUIRE(run.status == 0);
@@ -153,6 +160,9 @@ TEST_CASE("threads: by default relpos leaves a core to each running thread of an
   CHECK(busy >= 1);
   CHECK(busy <= cores - 1);  // other tests running alongside only lower it further
   CHECK(last_json(fixed.out)["threads"].get<int>() == cores);  // RELPOS_ADAPTIVE_THREADS=0: OpenMP's default
+  INFO(train.out);
+  CHECK(train.status == 0);
+  CHECK(train.out.find(", " + std::to_string(cores) + " threads, cpu") != std::string::npos);
 }
 
 TEST_CASE("threads: OMP_NUM_THREADS in the environment is the default") {
@@ -168,6 +178,7 @@ TEST_CASE("threads: the setting and what a call uses") {
   set_num_threads(1);
   CHECK(num_threads() == 1);
   CHECK(threads_in_use() == 1);
+  CHECK(training_threads() == 1);
   set_num_threads(before);
   CHECK_THROWS_AS(set_num_threads(-1), relpos::Error);
 }

@@ -19,6 +19,9 @@ namespace relpos {
 void set_num_threads(int n);
 int num_threads();      // the setting (0: the adaptive default)
 int threads_in_use();   // the threads a relpos call from this thread would use now
+// The threads a new training run computes with: the setting, else OpenMP's default (OMP_NUM_THREADS,
+// else every core), never the adaptive count, so that its weights do not depend on the load.
+int training_threads();
 
 // Whether the CUDA backend may use TF32 tensor cores for float32 convolutions and matrix
 // products (faster, about 3 significant digits). Off by default, so that GPU results match the

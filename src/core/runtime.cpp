@@ -116,6 +116,11 @@ void detail::apply_thread_setting() {
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
+int training_threads() {
+  const int set = g_num_threads;
+  return set > 0 ? set : std::max(1, g_openmp_default);
+}
+
 detail::FixedThreadCount::FixedThreadCount() {
   ++g_fixed_runs;
   apply_thread_setting();

@@ -392,7 +392,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--paired-config", args->paired_config, "Architecture for a --paired-with .safetensors file");
   sub->add_option("--paired-input", args->paired_input,
                   "safetensors file with the --paired-with model's 'input' tensor (same batch as the first's)");
-  sub->add_flag("--json", args->json, "Print one JSON object");
+  sub->add_flag("--json", args->json, "Print one JSON object per line (with --profile, a second one with the profile)");
   sub->callback([args] { run(*args); });
 }
 

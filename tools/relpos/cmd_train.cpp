@@ -106,7 +106,7 @@ void run(TrainArgs a) {
               << (a.init.empty() ? "" : ", from " + a.init) << ") on " << a.opt.data << ", "
               << count_text(a.opt.epochs, "epoch") << " of batch " << a.opt.batch
               << (procs.size > 1 ? " per process" : "") << ", " << to_string(a.opt.optimizer.kind) << " lr "
-              << shortest(a.opt.lr) << ", " << count_text(threads_in_use(), "thread") << ", " << to_string(device)
+              << shortest(a.opt.lr) << ", " << count_text(training_threads(), "thread") << ", " << to_string(device)
               << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
   else if (rank0)
     std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
