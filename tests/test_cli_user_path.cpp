@@ -403,6 +403,11 @@ TEST_CASE("eval --class-order sorted reads folders in class order (ImageNet's Wo
   r = run_cli("eval -q --class-order sorted -m " + model + " --data " + d.path + "/ids", true);
   CHECK(r.out.rfind(d.path + "/ids: 30 images, top-1 ", 0) == 0);
   CHECK(r.out.find(", top-5 ") != std::string::npos);
+  // folders named as the labels are not taken in sorted order ('Ankle boot' first would be class 0)
+  r = run_cli("eval -q --class-order sorted -m " + model + " --data " + d.path + "/named");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("the class folders are named as the model's labels, but their sorted order is not the classes' "
+                   "order") != std::string::npos);
   // as many folders as classes
   fs::remove_all(d.path + "/ids/n09");
   r = run_cli("eval -q --class-order sorted -m " + model + " --data " + d.path + "/ids");
@@ -425,7 +430,7 @@ TEST_CASE("eval with many classes: the lowest per-class accuracies and no text m
   auto r = run_cli("eval -q -m " + d.file("c40.json") + " --data " + d.path + "/data --class-order sorted", true);
   INFO(r.out);
   REQUIRE(r.status == 0);
-  CHECK(r.out.find("per class (the 10 lowest of 40; --json has them all):") != std::string::npos);
+  CHECK(r.out.find("per class (the 10 lowest of the 40 classes with images; --json has them all):") != std::string::npos);
   CHECK(r.out.find("confusion matrix: 40 x 40, in --json") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 20);
   // a 1000-class picture would be 28,000 pixels wide: refused before the evaluation

@@ -556,7 +556,12 @@ TEST_CASE("images and preprocessing that give meaningless input are errors, thro
   refused([](relpos::Preprocess& p) { p.std[0] = 0.0f; }, "std");
   refused([](relpos::Preprocess& p) { p.mean[0] = std::nanf(""); }, "mean");
   refused([](relpos::Preprocess& p) { p.scale = -1.0f; }, "scale");
-  refused([](relpos::Preprocess& p) { p.crop_pct = 5.0; }, "crop_pct");
+  refused(
+      [](relpos::Preprocess& p) {
+        p.crop = true;
+        p.crop_pct = 5.0;
+      },
+      "crop_pct");
   refused([](relpos::Preprocess& p) { p.height = 0; }, "input_size");
   CHECK(m.preprocess().std[0] == good.std[0]);  // unchanged by the refused calls
   // a tiny crop_pct: the resize size is checked before it becomes an integer (it overflowed)

@@ -159,6 +159,8 @@ TEST_CASE("learning-curve axes are padded but stay within what a loss or an accu
   r = padded_axis(2.0, 2.0, 0.0, 1e300);
   CHECK(r.lo == doctest::Approx(1.9));
   CHECK(r.hi == doctest::Approx(2.1));
+  r = padded_axis(0.0, 0.0, 0.0, 100.0, 1.0);  // a flat 0% accuracy: ticks 0.0 to 1.0, not all 0.0
+  CHECK(r.hi == doctest::Approx(1.0));
 }
 
 TEST_CASE("IDX files: reading, and clear errors for damaged ones") {

@@ -70,8 +70,8 @@ struct Preprocess {
   nlohmann::json to_json() const;
   std::string describe() const;
   // Throws relpos::Error naming the field when no image can be preprocessed with these settings
-  // (a size outside 1..16384, a scale, mean or std that is not a finite number, std 0, crop_pct
-  // outside (0, 1]). from_json, Model::set_preprocess, make_batch and resize_and_crop check.
+  // (a size outside 1..16384, a scale, mean or std that is not a finite number, std 0, with crop a
+  // crop_pct outside (0, 1]). from_json, Model::set_preprocess, make_batch and resize_and_crop check.
   void check() const;
 };
 

@@ -29,10 +29,11 @@ int training_threads();
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// Where the library's messages go (an image skipped by a data loader, a picture not drawn, a GPU
-// error while freeing memory, the RELPOS_PROFILE table). The default writes "relpos: <message>"
-// lines to stderr; an application may route them to its own log, or pass an empty function to
-// drop them. The handler may be called from relpos's worker threads. Training progress is not a
+// Where the library's messages go (an image skipped by a data loader, a picture not drawn, the
+// RELPOS_PROFILE table). The default writes "relpos: <message>" lines to stderr; an application may
+// route them to its own log, or pass an empty function to drop them. (A GPU error while freeing
+// memory always goes to stderr: frees run under locks and at thread exit, where no handler can
+// safely be called.) The handler may be called from relpos's worker threads. Training progress is not a
 // message: it goes to TrainOptions::on_event.
 void set_log_handler(std::function<void(const std::string&)> handler);
 

@@ -1,5 +1,6 @@
 // Device memory for the CUDA build: per-stream caching pools, copies and layout changes.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -9,7 +10,6 @@
 
 #include "core/caching_allocator.hpp"
 #include "core/device_memory.hpp"
-#include "core/runtime_internal.hpp"
 #include "cuda/cuda_common.hpp"
 #include "relpos/ops.hpp"
 
@@ -91,17 +91,14 @@ namespace detail {
 
 namespace {
 
-// Frees cannot throw: a failed call goes to the log handler (stderr by default; the first 8) and is
-// cleared, so that it does not surface later as the "last error" of an unrelated kernel launch.
+// Frees cannot throw: a failed call is reported on stderr (the first 8) and cleared, so that it does
+// not surface later as the "last error" of an unrelated kernel launch. Not through the log handler:
+// frees run under the pools' lock and at thread exit, where a handler that touches GPU memory
+// would deadlock, or one that captured objects since destroyed would crash.
 bool quiet(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   static std::atomic<int> reported{0};
-  if (reported++ < 8) {
-    try {
-      log(std::string(what) + " while freeing GPU memory: " + cudaGetErrorString(e));
-    } catch (...) {  // a handler that throws, or no memory for the message: nothing more to do
-    }
-  }
+  if (reported++ < 8) std::fprintf(stderr, "relpos: %s while freeing GPU memory: %s\n", what, cudaGetErrorString(e));
   cudaGetLastError();
   return false;
 }

@@ -127,6 +127,21 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                  root << ": " << folders.size() << " class folders, but the model has " << labels.size()
                       << " classes (in sorted order the folders are classes 0 to " << labels.size() - 1
                       << ", so there must be as many)");
+    // folders named as the labels, in another order than the classes': sorted order would give each
+    // folder another class's number
+    if (!labels.empty()) {
+      std::size_t named = 0, misplaced = 0;
+      for (std::size_t f = 0; f < folders.size(); ++f)
+        for (std::size_t l = 0; l < labels.size(); ++l)
+          if (folders[f] == labels[l] || folders[f] == label_folder_name(labels[l])) {
+            ++named;
+            misplaced += l != f;
+            break;
+          }
+      RELPOS_CHECK(named < folders.size() || misplaced == 0,
+                   root << ": the class folders are named as the model's labels, but their sorted order is not the "
+                           "classes' order; match them by name (ClassFolders::ByLabel, relpos eval --class-order labels)");
+    }
     classes_ = labels.empty() ? folders : labels;
     for (std::size_t f = 0; f < folders.size(); ++f) class_of[f] = static_cast<int>(f);
   } else {

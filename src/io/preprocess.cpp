@@ -91,7 +91,7 @@ void Preprocess::check() const {
                  key("std") << " must be non-zero numbers");
     RELPOS_CHECK(std::isfinite(mean[static_cast<std::size_t>(c)]), key("mean") << " must be numbers");
   }
-  RELPOS_CHECK(std::isfinite(crop_pct) && crop_pct > 0.0 && crop_pct <= 1.0,
+  RELPOS_CHECK(!crop || (std::isfinite(crop_pct) && crop_pct > 0.0 && crop_pct <= 1.0),
                key("crop_pct") << " must be in (0, 1], got " << crop_pct);
 }
 

@@ -230,7 +230,8 @@ ModelConfig::Estimate ModelConfig::estimate() const {
     conv(in_chans, c, stem.kernel, 1);
   }
   const double reduction = (stem.type == StemType::Tiered ? 2.0 : stem.stride) * (stem.pool == StemPool::None ? 1.0 : 2.0);
-  double fh = std::max(1.0, std::floor(H0 / reduction)), fw = std::max(1.0, std::floor(W0 / reduction));
+  // an odd side rounds up at each stride 2, as the layers compute it (Network's shape walk)
+  double fh = std::max(1.0, std::ceil(H0 / reduction)), fw = std::max(1.0, std::ceil(W0 / reduction));
   peak = std::max(peak, (in_chans + c) * H0 * W0);
   double prev = c;
   for (const StageConfig& st : stages)
@@ -266,7 +267,7 @@ ModelConfig::Estimate ModelConfig::estimate() const {
       const double act = std::max({prev, mid * 3.0, static_cast<double>(b.chs)}) * fh * fw;
       peak = std::max(peak, 3.0 * act + attn);
       prev = b.chs;
-      if (b.stride > 1) fh = std::max(1.0, std::floor(fh / b.stride)), fw = std::max(1.0, std::floor(fw / b.stride));
+      if (b.stride > 1) fh = std::max(1.0, std::ceil(fh / b.stride)), fw = std::max(1.0, std::ceil(fw / b.stride));
     }
   params += prev * num_classes + num_classes;
   e.params = params;

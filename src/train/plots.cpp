@@ -32,7 +32,7 @@ void text(cv::Mat& img, const std::string& s, cv::Point at, double scale = 0.45,
 }
 
 void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std::vector<Series>& series, int prec,
-                double floor, double ceil) {
+                double floor, double ceil, double min_pad) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& s : series)
     for (const auto& p : s.points) {
@@ -41,7 +41,7 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
     }
   if (x0 > x1) return;
   if (x1 - x0 < 1e-9) x0 -= 1, x1 += 1;
-  const AxisRange axis = padded_axis(y0, y1, floor, ceil);
+  const AxisRange axis = padded_axis(y0, y1, floor, ceil, min_pad);
   y0 = axis.lo, y1 = axis.hi;
   const cv::Rect plot(box.x + 60, box.y + 30, box.width - 80, box.height - 70);
   auto px = [&](cv::Point2d p) {
@@ -75,9 +75,9 @@ void draw_panel(cv::Mat& img, cv::Rect box, const std::string& title, const std:
 
 }  // namespace
 
-AxisRange padded_axis(double lo, double hi, double floor, double ceil) {
+AxisRange padded_axis(double lo, double hi, double floor, double ceil, double min_pad) {
   // a flat series (one epoch, or 100% accuracy throughout) gets a span of 10% of its value
-  const double pad = hi - lo > 1e-9 ? (hi - lo) * 0.08 : std::max(1e-3, std::abs(hi) * 0.05);
+  const double pad = hi - lo > 1e-9 ? (hi - lo) * 0.08 : std::max(min_pad, std::abs(hi) * 0.05);
   return {std::max(floor, lo - pad), std::min(ceil, hi + pad)};
 }
 
@@ -99,8 +99,8 @@ void plot_learning_curves(const std::vector<EpochLog>& history, const std::strin
   std::vector<Series> loss{tl}, acc{ta};
   if (!vl.points.empty()) loss.push_back(vl), acc.push_back(va);
   const double inf = std::numeric_limits<double>::infinity();
-  draw_panel(img, {0, 0, 500, 420}, "loss", loss, 3, 0.0, inf);
-  draw_panel(img, {500, 0, 500, 420}, "top-1 accuracy (%)", acc, 1, 0.0, 100.0);
+  draw_panel(img, {0, 0, 500, 420}, "loss", loss, 3, 0.0, inf, 1e-3);  // ticks with 3 decimals
+  draw_panel(img, {500, 0, 500, 420}, "top-1 accuracy (%)", acc, 1, 0.0, 100.0, 1.0);  // with 1 decimal
   detail::encode_image_file(path, img);
 }
 

@@ -349,8 +349,22 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   prog.data_images = static_cast<long>(train_all->size());
   // Every process must run the same recipe on the same data from the same point, or they wait for
   // each other forever (one stops earlier) or fail inside MPI (different sizes): checked up front.
-  dp.check_same_run(opts.to_json().dump() + '\n' + net.config().to_json().dump() + '\n' + hex + '\n' +
-                    std::to_string(prog.step) + '\n' + std::to_string(prog.batch_in_epoch));
+  // (paths are left out: made absolute, they differ between machines whose processes start in
+  // other folders; the images are compared by their names under the data folder)
+  if (dp.size() > 1) {
+    nlohmann::json recipe = opts.to_json();
+    for (const char* path : {"data", "save", "out", "init", "init_config", "workers"}) recipe.erase(path);
+    std::uint64_t images = 1469598103934665603ull;  // FNV-1a of the names under the data folder and classes
+    const std::string root = is_folder_data(opts.data) ? opts.data : std::string();
+    for (std::size_t i = 0; i < train_all->size(); ++i) {
+      const std::string name = train_all->name(i);
+      const std::string line = (!root.empty() && name.rfind(root, 0) == 0 ? name.substr(root.size()) : name) + '\t' +
+                               std::to_string(train_all->label(i)) + '\n';
+      for (unsigned char ch : line) images = (images ^ ch) * 1099511628211ull;
+    }
+    dp.check_same_run(recipe.dump() + '\n' + net.config().to_json().dump() + '\n' + std::to_string(images) + '\n' +
+                      std::to_string(prog.step) + '\n' + std::to_string(prog.batch_in_epoch));
+  }
   if (canvas > 0) check_fits_canvas(*train_pool, canvas);
   // Validation data: part of the training set (seeded), or a val/ folder.
   const Dataset* train_data = train_pool;

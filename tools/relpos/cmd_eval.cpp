@@ -157,19 +157,30 @@ void run(const EvalArgs& a) {
     std::cout << ", loss " << std::setprecision(4) << r.loss << "\n";
     // many classes (ImageNet's 1000): the 10 lowest per-class accuracies, and no matrix of text
     constexpr std::size_t kMostListed = 30;
-    std::vector<std::size_t> listed(r.classes.size());
-    for (std::size_t c = 0; c < listed.size(); ++c) listed[c] = c;
-    if (listed.size() > kMostListed) {
+    // a class without images has no accuracy (not 0%): named as such, never among the lowest
+    const auto images_of = [&](std::size_t c) {
+      long n = 0;
+      for (long v : r.confusion[c]) n += v;
+      return n;
+    };
+    std::vector<std::size_t> listed;
+    for (std::size_t c = 0; c < r.classes.size(); ++c)
+      if (r.classes.size() <= kMostListed || images_of(c) > 0) listed.push_back(c);
+    if (r.classes.size() > kMostListed) {
       std::stable_sort(listed.begin(), listed.end(),
                        [&](std::size_t x, std::size_t y) { return r.per_class[x] < r.per_class[y]; });
-      listed.resize(10);
-      std::cout << "per class (the 10 lowest of " << r.classes.size() << "; --json has them all):\n";
+      const std::size_t scored_classes = listed.size();
+      listed.resize(std::min<std::size_t>(10, listed.size()));
+      std::cout << "per class (the " << listed.size() << " lowest of the " << scored_classes << " classes with images; "
+                << "--json has them all):\n";
     } else {
       std::cout << "per class:\n";
     }
-    for (const std::size_t c : listed)
-      std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2)
-                << std::setw(7) << 100 * r.per_class[c] << "%\n";
+    for (const std::size_t c : listed) {
+      std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2);
+      if (images_of(c) > 0) std::cout << std::setw(7) << 100 * r.per_class[c] << "%\n";
+      else std::cout << "  no images\n";
+    }
     if (r.classes.size() <= kMostListed) std::cout << format_confusion(r);
     else std::cout << "confusion matrix: " << r.classes.size() << " x " << r.classes.size() << ", in --json\n";
     if (agreement >= 0)
