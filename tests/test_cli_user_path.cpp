@@ -433,6 +433,16 @@ TEST_CASE("eval with many classes: the lowest per-class accuracies and no text m
   CHECK(r.out.find("per class (the 10 lowest of the 40 classes with images; --json has them all):") != std::string::npos);
   CHECK(r.out.find("confusion matrix: 40 x 40, in --json") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 20);
+  // a class whose only image is unreadable has no accuracy: not among the lowest, null in --json
+  std::ofstream(d.path + "/data/c07/x.png", std::ios::trunc) << "not a png";
+  r = run_cli("eval -q -m " + d.file("c40.json") + " --data " + d.path + "/data --class-order sorted", true);
+  CHECK(r.status == 1);  // (an unreadable image fails the run, after the results)
+  CHECK(r.out.find("per class (the 10 lowest of the 39 classes with images; --json has them all):") != std::string::npos);
+  CHECK(r.out.find("c07") == std::string::npos);
+  r = run_cli("eval -q --json -m " + d.file("c40.json") + " --data " + d.path + "/data --class-order sorted", true);
+  const json j = json::parse(r.out);
+  CHECK(j["per_class"][7].is_null());
+  CHECK(j["per_class"][8].is_number());
   // a 1000-class picture would be 28,000 pixels wide: refused before the evaluation
   r = run_cli("eval -q -m botnet26t_256 --data " + d.path + "/data --class-order sorted --png " + d.file("c.png"));
   CHECK(r.status == 2);

@@ -143,9 +143,16 @@ void run(const EvalArgs& a) {
       same += r.predictions[i] == same_class[static_cast<std::size_t>(r2.predictions[i])];
     agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
   }
+  // a class without images (all of them unreadable) has no accuracy: null, not 0
+  nlohmann::json per_class = nlohmann::json::array();
+  for (std::size_t c = 0; c < r.per_class.size(); ++c) {
+    long n = 0;
+    for (long v : r.confusion[c]) n += v;
+    per_class.push_back(n > 0 ? nlohmann::json(r.per_class[c]) : nlohmann::json(nullptr));
+  }
   if (a.json) {
     nlohmann::json j = {{"data", a.data}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
-                        {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", r.per_class},
+                        {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}};
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
     std::cout << json_text(j) << "\n";
