@@ -122,6 +122,11 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                                             << ": a class folder's name must be valid UTF-8 (it is the class's label)");
   // Which class each folder holds: by name when the labels are known, else alphabetical.
   std::vector<int> class_of(folders.size());
+  const auto label_of = [&](const std::string& folder) {  // the label a folder is named as (-1: none)
+    for (std::size_t l = 0; l < labels.size(); ++l)
+      if (folder == labels[l] || folder == label_folder_name(labels[l])) return static_cast<int>(l);
+    return -1;
+  };
   if (labels.empty() || order == ClassFolders::Sorted) {
     RELPOS_CHECK(labels.empty() || folders.size() == labels.size(),
                  root << ": " << folders.size() << " class folders, but the model has " << labels.size()
@@ -132,12 +137,10 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
     if (!labels.empty()) {
       std::size_t named = 0, misplaced = 0;
       for (std::size_t f = 0; f < folders.size(); ++f)
-        for (std::size_t l = 0; l < labels.size(); ++l)
-          if (folders[f] == labels[l] || folders[f] == label_folder_name(labels[l])) {
-            ++named;
-            misplaced += l != f;
-            break;
-          }
+        if (const int l = label_of(folders[f]); l >= 0) {
+          ++named;
+          misplaced += static_cast<std::size_t>(l) != f;
+        }
       RELPOS_CHECK(named < folders.size() || misplaced == 0,
                    root << ": the class folders are named as the model's labels, but their sorted order is not the "
                            "classes' order; match them by name (ClassFolders::ByLabel, relpos eval --class-order labels)");
@@ -156,9 +159,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
     }
     std::vector<bool> found(labels.size(), false);
     for (std::size_t f = 0; f < folders.size(); ++f) {
-      int c = -1;
-      for (std::size_t l = 0; l < labels.size() && c < 0; ++l)
-        if (folders[f] == labels[l] || folders[f] == label_folder_name(labels[l])) c = static_cast<int>(l);
+      const int c = label_of(folders[f]);
       RELPOS_CHECK(c >= 0, root << ": folder '" << folders[f] << "' is not one of the model's " << labels.size()
                                 << " class labels (a label names its folder, with '/' written as '_'; folders "
                                    "that hold the classes in sorted order, as ImageNet's WordNet IDs do: "

@@ -46,6 +46,15 @@ std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) {
 
 }  // namespace
 
+std::string DataParallel::differing(std::uint64_t mine) {
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(group_.size()));
+  group_.allgather(&mine, 1, all.data());
+  std::ostringstream differ;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differ << (differ.tellp() > 0 ? ", " : "") << r;
+  return differ.str();
+}
+
 DataParallel::DataParallel() : group_(ProcessGroup::world()), uncaught_(std::uncaught_exceptions()) {
   train_processes();  // joins MPI and picks the GPU, if the application has not asked yet
   RELPOS_CHECK(group_.size() == 1 || ProcessGroup::built_with_mpi(),
@@ -70,13 +79,8 @@ void DataParallel::check_resume(int checkpoint_processes, const std::string& che
 
 void DataParallel::check_same_run(const std::string& run) {
   if (group_.size() == 1) return;
-  const std::uint64_t mine = fnv1a(0xcbf29ce484222325ull, run.data(), run.size());
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(group_.size()));
-  group_.allgather(&mine, 1, all.data());
-  std::ostringstream differ;
-  for (std::size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0]) differ << (differ.tellp() > 0 ? ", " : "") << r;
-  RELPOS_CHECK(differ.tellp() == 0, "process" << (differ.str().find(',') == std::string::npos ? " " : "es ") << differ.str()
+  const std::string differ = differing(fnv1a(0xcbf29ce484222325ull, run.data(), run.size()));
+  RELPOS_CHECK(differ.empty(), "process" << (differ.find(',') == std::string::npos ? " " : "es ") << differ
                                               << " of " << group_.size() << " got other options, another model or "
                                                  "other training data than process 0 (or resumed another checkpoint): "
                                                  "every process of a run needs the same relpos train command and data");
@@ -135,19 +139,15 @@ std::string DataParallel::synchronize_state() {
     const Tensor host = t.to(Device::CPU);
     h = fnv1a(h, host.data(), host.bytes());
   });
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(group_.size()));
-  group_.allgather(&h, 1, all.data());
-  std::ostringstream differ;
-  for (std::size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0]) differ << (differ.tellp() > 0 ? ", " : "") << r;
-  if (differ.tellp() == 0) return "";
+  const std::string differ = differing(h);
+  if (differ.empty()) return "";
   // Rounding in an all-reduce can make processes drift apart: rank 0's state goes to all again.
   each_state_tensor(*net_, *optimizer_, [&](Tensor& t) {
     Tensor host = t.is_cpu() ? t : t.to(Device::CPU);
     group_.broadcast(host.data(), host.bytes(), 0);
     if (!t.is_cpu()) t.copy_from(host);
   });
-  return "processes " + differ.str() + " disagreed with process 0 on the weights or optimizer state; process 0's "
+  return "processes " + differ + " disagreed with process 0 on the weights or optimizer state; process 0's "
          "were copied to all";
 }
 

@@ -71,6 +71,8 @@ class DataParallel : public BatchNormSync {
   ProcessGroup& group_;
   int uncaught_ = 0;
   bool sync_bn_ = false;
+  // Collective: the processes whose `mine` differs from process 0's, as "1, 3" ("" when none).
+  std::string differing(std::uint64_t mine);
   Network* net_ = nullptr;
   Optimizer* optimizer_ = nullptr;
   std::unique_ptr<NcclGroup> nccl_;

@@ -332,12 +332,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
          " training images, " + std::to_string(*lo) + " to " + std::to_string(*hi) + " per class");
   }
   // What the run trains on, to tell a resumed run whose data changed (its split and batches would not
-  // be the run's): the images' names and classes, hashed (FNV-1a).
-  std::uint64_t fingerprint = 1469598103934665603ull;
-  const auto mix = [&](const std::string& bytes) {
-    for (unsigned char ch : bytes) fingerprint = (fingerprint ^ ch) * 1099511628211ull;
+  // be the run's): the images' names and classes, hashed (FNV-1a). The processes of a run compare
+  // `placed`, the same with the names under the data folder (their absolute paths may differ).
+  const auto mix = [](std::uint64_t& hash, const std::string& bytes) {
+    for (unsigned char ch : bytes) hash = (hash ^ ch) * 1099511628211ull;
   };
-  for (std::size_t i = 0; i < train_all->size(); ++i) mix(train_all->name(i) + '\n' + std::to_string(train_all->label(i)) + '\n');
+  std::uint64_t fingerprint = 1469598103934665603ull, placed = fingerprint;
+  const std::string root = is_folder_data(opts.data) ? opts.data : std::string();
+  for (std::size_t i = 0; i < train_all->size(); ++i) {
+    const std::string name = train_all->name(i), label = '\n' + std::to_string(train_all->label(i)) + '\n';
+    mix(fingerprint, name + label);
+    if (dp.size() > 1) mix(placed, (!root.empty() && name.rfind(root, 0) == 0 ? name.substr(root.size()) : name) + label);
+  }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
   RELPOS_CHECK(!ck || ck->progress.data_fingerprint.empty() || ck->progress.data_fingerprint == hex,
@@ -350,19 +356,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   // Every process must run the same recipe on the same data from the same point, or they wait for
   // each other forever (one stops earlier) or fail inside MPI (different sizes): checked up front.
   // (paths are left out: made absolute, they differ between machines whose processes start in
-  // other folders; the images are compared by their names under the data folder)
+  // other folders; the images are compared by `placed`)
   if (dp.size() > 1) {
     nlohmann::json recipe = opts.to_json();
     for (const char* path : {"data", "save", "out", "init", "init_config", "workers"}) recipe.erase(path);
-    std::uint64_t images = 1469598103934665603ull;  // FNV-1a of the names under the data folder and classes
-    const std::string root = is_folder_data(opts.data) ? opts.data : std::string();
-    for (std::size_t i = 0; i < train_all->size(); ++i) {
-      const std::string name = train_all->name(i);
-      const std::string line = (!root.empty() && name.rfind(root, 0) == 0 ? name.substr(root.size()) : name) + '\t' +
-                               std::to_string(train_all->label(i)) + '\n';
-      for (unsigned char ch : line) images = (images ^ ch) * 1099511628211ull;
-    }
-    dp.check_same_run(recipe.dump() + '\n' + net.config().to_json().dump() + '\n' + std::to_string(images) + '\n' +
+    dp.check_same_run(recipe.dump() + '\n' + net.config().to_json().dump() + '\n' + std::to_string(placed) + '\n' +
                       std::to_string(prog.step) + '\n' + std::to_string(prog.batch_in_epoch));
   }
   if (canvas > 0) check_fits_canvas(*train_pool, canvas);

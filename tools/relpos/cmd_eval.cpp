@@ -143,13 +143,14 @@ void run(const EvalArgs& a) {
       same += r.predictions[i] == same_class[static_cast<std::size_t>(r2.predictions[i])];
     agreement = static_cast<double>(same) / static_cast<double>(r.predictions.size());
   }
-  // a class without images (all of them unreadable) has no accuracy: null, not 0
+  // a class without images (all of them unreadable) has no accuracy, not 0%: null in JSON, named
+  // as such in the text, never among the lowest
+  std::vector<long> images_of(r.confusion.size(), 0);
+  for (std::size_t c = 0; c < r.confusion.size(); ++c)
+    for (long v : r.confusion[c]) images_of[c] += v;
   nlohmann::json per_class = nlohmann::json::array();
-  for (std::size_t c = 0; c < r.per_class.size(); ++c) {
-    long n = 0;
-    for (long v : r.confusion[c]) n += v;
-    per_class.push_back(n > 0 ? nlohmann::json(r.per_class[c]) : nlohmann::json(nullptr));
-  }
+  for (std::size_t c = 0; c < r.per_class.size(); ++c)
+    per_class.push_back(images_of[c] > 0 ? nlohmann::json(r.per_class[c]) : nlohmann::json(nullptr));
   if (a.json) {
     nlohmann::json j = {{"data", a.data}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
                         {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", per_class},
@@ -164,15 +165,9 @@ void run(const EvalArgs& a) {
     std::cout << ", loss " << std::setprecision(4) << r.loss << "\n";
     // many classes (ImageNet's 1000): the 10 lowest per-class accuracies, and no matrix of text
     constexpr std::size_t kMostListed = 30;
-    // a class without images has no accuracy (not 0%): named as such, never among the lowest
-    const auto images_of = [&](std::size_t c) {
-      long n = 0;
-      for (long v : r.confusion[c]) n += v;
-      return n;
-    };
     std::vector<std::size_t> listed;
     for (std::size_t c = 0; c < r.classes.size(); ++c)
-      if (r.classes.size() <= kMostListed || images_of(c) > 0) listed.push_back(c);
+      if (r.classes.size() <= kMostListed || images_of[c] > 0) listed.push_back(c);
     if (r.classes.size() > kMostListed) {
       std::stable_sort(listed.begin(), listed.end(),
                        [&](std::size_t x, std::size_t y) { return r.per_class[x] < r.per_class[y]; });
@@ -185,7 +180,7 @@ void run(const EvalArgs& a) {
     }
     for (const std::size_t c : listed) {
       std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2);
-      if (images_of(c) > 0) std::cout << std::setw(7) << 100 * r.per_class[c] << "%\n";
+      if (images_of[c] > 0) std::cout << std::setw(7) << 100 * r.per_class[c] << "%\n";
       else std::cout << "  no images\n";
     }
     if (r.classes.size() <= kMostListed) std::cout << format_confusion(r);
