@@ -2,6 +2,10 @@
 // classes taken from the data, and the classifier replaced (or cut down) when they differ.
 #include <filesystem>
 #include <fstream>
+#ifndef RELPOS_NO_IMAGE_CODECS
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
 
 #include "cli_run.hpp"
 #include "relpos/safetensors.hpp"
@@ -184,4 +188,38 @@ TEST_CASE("fine-tuning the shipped Fashion-MNIST model on three of its classes b
                                                                     << ", from scratch " << scratch);
   CHECK(tuned > scratch);
   CHECK(tuned > 0.5);
+}
+
+TEST_CASE("train says when a grey model is trained on colour folders (their colours are lost), and only then") {
+  test::TempDir d;
+  test::make_pattern_dataset(d.path + "/data", 4, 2);
+  nlohmann::json j;
+  std::ifstream(test::tiny_rgb_config()) >> j;
+  j["in_chans"] = 1;
+  j["preprocess"]["channels"] = "GRAY";
+  j["preprocess"]["mean"] = {0.5};
+  j["preprocess"]["std"] = {0.25};
+  const std::string grey = d.file("grey.json");
+  std::ofstream(grey) << j.dump();
+  const std::string run = " --data " + d.path + "/data -b 4 --threads 1 --epochs 1 --max-steps 1 -q -o ";
+  // before: no word, and a model that could not tell red from blue
+  auto r = test::run_cli("train -c " + grey + run + d.path + "/grey");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("12x12 GRAY input (its preprocessing), so the colour images of " + d.path + "/data") != std::string::npos);
+  r = test::run_cli("train -c " + test::tiny_rgb_config() + run + d.path + "/rgb");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("GRAY input") == std::string::npos);
+#ifndef RELPOS_NO_IMAGE_CODECS
+  // grey images on a grey model: nothing to say
+  for (const auto& e : fs::recursive_directory_iterator(d.path + "/data"))
+    if (e.path().extension() == ".png") {
+      cv::Mat g;
+      cv::cvtColor(cv::imread(e.path().string()), g, cv::COLOR_BGR2GRAY);
+      cv::imwrite(e.path().string(), g);
+    }
+  r = test::run_cli("train -c " + grey + run + d.path + "/grey2");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("GRAY input") == std::string::npos);
+#endif
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -175,6 +176,16 @@ TEST_CASE("IDX files: reading, and clear errors for damaged ones") {
   CHECK(d.image(1).rows == 4);
   CHECK(d.image(1).cols == 3);
   CHECK(d.image(1).at<std::uint8_t>(2, 2) == 7);
+  {
+    // an image outlives its dataset (quantize's last calibration batch did, and crashed): it owns its pixels
+    cv::Mat kept;
+    {
+      const IdxDataset e(dir.file("i.gz"), dir.file("l.gz"), {"a", "b", "c"});
+      kept = e.image(1);
+    }
+    CHECK(kept.u != nullptr);
+    CHECK(kept.at<std::uint8_t>(2, 2) == 7);
+  }
   // truncated data, a cut gzip stream, wrong label counts, out-of-range labels
   auto cut = imgs;
   cut.resize(cut.size() - 3);
@@ -270,6 +281,17 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
                        doctest::Contains((dir.path + "/train/stripes: broken symbolic link").c_str()), Error);
   fs::remove(dir.path + "/train/stripes");
+  // a link from one class folder into another's (or above it) would give the same images two classes
+  fs::create_directory_symlink(dir.path + "/train/bars", dots + "/bars_too");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
+                       doctest::Contains(("reached both from class folder 'bars' (as " + dir.path + "/train/bars) and from 'dots' (as " +
+                                          dots + "/bars_too)").c_str()),
+                       Error);
+  fs::remove(dots + "/bars_too");
+  fs::create_directory_symlink("..", dots + "/up");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"), doctest::Contains("a symbolic link leads from one class folder"), Error);
+  fs::remove(dots + "/up");
+  CHECK(open_dataset(dir.path, "train")->size() == 13);
   // hidden entries are not data: a notebook's checkpoint folder was a class ("holds no images", or one
   // with no test folder), macOS's "._name.png" an image that does not decode; .jfif/.jpe/.dib are images
   fs::create_directories(dir.path + "/train/.ipynb_checkpoints");
@@ -602,6 +624,26 @@ TEST_CASE("evaluation: confusion matrix, per-class accuracy; wrong class counts 
   CHECK(total == 15);
   CHECK(r.top1 == doctest::Approx(static_cast<double>(diag) / 15));
   CHECK(format_confusion(r).find("[2] dots") != std::string::npos);
+  {
+    // labels beyond ASCII: columns counted in characters, a long label cut between characters
+    EvalResult u = r;
+    u.classes = {"café", "日本語日本語日本語日本語日本語", "x"};
+    const std::string text = format_confusion(u);
+    std::istringstream lines(text);
+    std::string line;
+    std::vector<std::size_t> widths;
+    std::getline(lines, line);  // the title
+    while (std::getline(lines, line)) {
+      std::size_t chars = 0;
+      for (const char c : line) chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      widths.push_back(chars);
+    }
+    REQUIRE(widths.size() == 4);  // the header and three rows, all as wide
+    CHECK(widths[1] == widths[0]);
+    CHECK(widths[2] == widths[0]);
+    CHECK(widths[3] == widths[0]);
+    CHECK(text.find("[1] 日本語日本語日本語日本") != std::string::npos);  // 14 characters of it
+  }
   plot_confusion(r, dir.file("cm.png"));
   CHECK(fs::file_size(dir.file("cm.png")) > 1000);
   Model ten = Model::create(test::source_dir() + "/models/tiny_botnet_96x64.json");

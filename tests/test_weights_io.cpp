@@ -227,6 +227,28 @@ TEST_CASE("a timm checkpoint loads by timm names with --config; F16 and BF16 are
   CHECK(f.tensor("b").shape() == Shape{2, 2});
 }
 
+TEST_CASE("a DistributedDataParallel state dict (module.<name>) loads as timm's does; other prefixes are named") {
+  test::TempDir dir;
+  auto g = test::golden("tiny_botnet_96x64");
+  const auto saved = [&](const std::string& prefix) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const auto& e : g.entries())
+      if (e.name.rfind("param.", 0) == 0) tensors.emplace_back(prefix + e.name.substr(6), g.tensor(e.name));
+    const std::string path = dir.file(prefix + "x.safetensors");
+    write_safetensors(path, tensors, {{"format", "pt"}});
+    return path;
+  };
+  LoadOptions opt;
+  opt.config = tiny_config();
+  // before: "missing tensor 'stem.conv1.conv.weight' (and N more)"; timm's load_checkpoint strips module.
+  const Model m = Model::load(saved("module."), opt);
+  const char* name = "stages.2.1.self_attn.pos_embed.height_rel";
+  CHECK(test::max_abs_diff(*m.network().find(name)->value, g.tensor(std::string("param.") + name)) == 0.0f);
+  // a flattened training checkpoint: the prefix is named, not only the first missing tensor
+  CHECK_THROWS_WITH_AS(Model::load(saved("state_dict_ema."), opt),
+                       doctest::Contains("its names carry the prefix 'state_dict_ema.', which relpos does not strip"), Error);
+}
+
 TEST_CASE("a safetensors file whose header length starts with the bytes of '{' or a space loads as safetensors") {
   // The 8-byte little-endian header length comes first. A length of 0x7B20 (31520, a multiple of 8
   // as padding writers leave it) starts with a space and a '{'; one of 0x..7B with a '{'. Neither

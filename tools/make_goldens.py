@@ -16,6 +16,8 @@ the same bytes. The cases:
   with randomised weights and BatchNorm statistics: param.* (timm names, running statistics *before*
   the training step), input, logits_eval, then one training step: labels, logits_train, loss,
   grad.<param> and after_train_step.<running stat>.
+- tiny_stem4_32x32: the same for tests/data/tiny_stem4_config.json, whose tiered stem has no pool and so
+  strides conv3 as well (timm's stem_pool='', as in resnet32ts): param.*, input, logits_eval.
 
 To keep the files small, the tiny model's parameters and input are drawn, then rounded to float16 values
 and stored as F16 (lossless: the model computes with exactly those values in float32); every result,
@@ -212,9 +214,9 @@ def to_f16_values(t):
     return t.half().float()
 
 
-def make_tiny_botnet(out_dir, seed=606, batch=2):
-    cfg_path = os.path.join(ROOT, "models", "tiny_botnet_96x64.json")
-    cfg = torch_twin.load_config(cfg_path)
+def randomised_twin(cfg, seed):
+    """timm's ByobNet for a relpos config, every parameter and running statistic drawn at random and
+    rounded to a float16 value; returns it with the generator it drew from."""
     torch.manual_seed(seed)
     model = torch_twin.build(cfg)
     g = torch.Generator().manual_seed(seed)
@@ -232,6 +234,12 @@ def make_tiny_botnet(out_dir, seed=606, batch=2):
         model.head.fc.bias.copy_(0.1 * torch.randn(model.head.fc.bias.shape, generator=g))
         for t in list(model.parameters()) + [b for n, b in model.named_buffers() if "running" in n]:
             t.copy_(to_f16_values(t))
+    return model, g
+
+
+def make_tiny_botnet(out_dir, seed=606, batch=2):
+    cfg = torch_twin.load_config(os.path.join(ROOT, "models", "tiny_botnet_96x64.json"))
+    model, g = randomised_twin(cfg, seed)
     state = {k: v.clone() for k, v in model.state_dict().items() if "num_batches_tracked" not in k}
     x = to_f16_values(torch.randn(batch, cfg["in_chans"], *cfg["input_size"], generator=g))
     labels = torch.randint(0, cfg["num_classes"], (batch,), generator=g)
@@ -265,22 +273,52 @@ def make_tiny_botnet(out_dir, seed=606, batch=2):
     save(out_dir, "tiny_botnet_96x64", tensors, meta)
 
 
+def make_tiny_stem4(out_dir, seed=707, batch=2):
+    """timm's tiered stem without a pool, which strides conv3 as well (resnet32ts, resnet33ts)."""
+    cfg = torch_twin.load_config(os.path.join(ROOT, "tests", "data", "tiny_stem4_config.json"))
+    model, g = randomised_twin(cfg, seed)
+    assert model.stem.conv3.conv.stride == (2, 2)
+    state = {k: v for k, v in model.state_dict().items() if "num_batches_tracked" not in k}
+    x = to_f16_values(torch.randn(batch, cfg["in_chans"], *cfg["input_size"], generator=g))
+    with torch.no_grad():
+        logits_eval = model.eval()(x)
+    tensors = {"param." + k: v.half() for k, v in state.items()}
+    tensors.update({"input": x.half(), "logits_eval": logits_eval})
+    meta = common_meta(seed, "tiny ByobNet with timm's tiered stem without a pool (stem_pool=''), 32x32 input")
+    meta.update({"config": "tests/data/tiny_stem4_config.json",
+                 "params": str(sum(p.numel() for p in model.parameters())),
+                 "notes": "param.* use timm state_dict names; param.* and input are F16 values stored exactly"})
+    save(out_dir, "tiny_stem4_32x32", tensors, meta)
+
+
+CASES = {
+    "rel_logits_h5w7": lambda out: make_rel_logits(out),
+    "bot_attn_s1_h6w8": lambda out: make_bot_attn(out, "bot_attn_s1_h6w8", seed=201, dim=32, dim_out=32, feat=(6, 8),
+                                                  stride=1),
+    "bot_attn_s2_h8w6": lambda out: make_bot_attn(out, "bot_attn_s2_h8w6", seed=202, dim=32, dim_out=64, feat=(8, 6),
+                                                  stride=2),
+    "sasa_k7_s1_h9w11": lambda out: make_sasa(out, "sasa_k7_s1_h9w11", seed=301, B=2, C=16, H=9, W=11, heads=2, dqk=8,
+                                              dv=8, kernel=7, stride=1),
+    "sasa_k3_s2_h8w6": lambda out: make_sasa(out, "sasa_k3_s2_h8w6", seed=302, B=1, C=16, H=8, W=6, heads=4, dqk=8, dv=4,
+                                             kernel=3, stride=2),
+    "tiny_botnet_96x64": lambda out: make_tiny_botnet(out),
+    "tiny_stem4_32x32": lambda out: make_tiny_stem4(out),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "golden"))
     ap.add_argument("--check", action="store_true", help="only check the SASA implementation against loops")
+    ap.add_argument("--only", nargs="+", choices=sorted(CASES), help="only these cases (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the same summation order on every machine
     check_sasa_against_loops()
     if args.check:
         return
     os.makedirs(args.out, exist_ok=True)
-    make_rel_logits(args.out)
-    make_bot_attn(args.out, "bot_attn_s1_h6w8", seed=201, dim=32, dim_out=32, feat=(6, 8), stride=1)
-    make_bot_attn(args.out, "bot_attn_s2_h8w6", seed=202, dim=32, dim_out=64, feat=(8, 6), stride=2)
-    make_sasa(args.out, "sasa_k7_s1_h9w11", seed=301, B=2, C=16, H=9, W=11, heads=2, dqk=8, dv=8, kernel=7, stride=1)
-    make_sasa(args.out, "sasa_k3_s2_h8w6", seed=302, B=1, C=16, H=8, W=6, heads=4, dqk=8, dv=4, kernel=3, stride=2)
-    make_tiny_botnet(args.out)
+    for name in args.only or CASES:
+        CASES[name](args.out)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ struct StemConfig {
   StemType type = StemType::Tiered;
   int chs = 64;
   int kernel = 3;  // "conv" stem only
-  int stride = 2;  // "conv" stem only ("tiered" is always 2)
+  int stride = 2;  // the conv's; "tiered": 2 (conv1 strides) or, without a pool, 4 (conv1 and conv3)
   StemPool pool = StemPool::MaxPool;
   bool operator==(const StemConfig& o) const;
 };

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/checked_math.hpp"
+#include "core/name_list.hpp"
 #include "io/json_reader.hpp"
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
@@ -82,8 +83,10 @@ IdxDataset::IdxDataset(const std::string& images_path, const std::string& labels
 
 cv::Mat IdxDataset::image(std::size_t i) const {
   RELPOS_CHECK(i < size(), "sample " << i << " out of range");
-  return cv::Mat(rows_, cols_, CV_8UC1,
-                 const_cast<std::uint8_t*>(pixels_.data() + i * static_cast<std::size_t>(rows_) * cols_));
+  // a copy: a view into the dataset's pixels would outlive it in a caller's batch (quantize's last,
+  // partial calibration batch did, and crashed)
+  return cv::Mat(rows_, cols_, CV_8UC1, const_cast<std::uint8_t*>(pixels_.data() + i * static_cast<std::size_t>(rows_) * cols_))
+      .clone();
 }
 
 std::string IdxDataset::name(std::size_t i) const { return path_ + "[" + std::to_string(i) + "]"; }
@@ -158,12 +161,18 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                                << "'; give them different labels (--labels) to use class folders");
     }
     std::vector<bool> found(labels.size(), false);
+    std::size_t named = 0;
+    for (std::size_t f = 0; f < folders.size(); ++f) named += label_of(folders[f]) >= 0;
     for (std::size_t f = 0; f < folders.size(); ++f) {
       const int c = label_of(folders[f]);
+      // folders none of which names a label may hold the classes in sorted order (ImageNet's WordNet IDs)
       RELPOS_CHECK(c >= 0, root << ": folder '" << folders[f] << "' is not one of the model's " << labels.size()
-                                << " class labels (a label names its folder, with '/' written as '_'; folders "
-                                   "that hold the classes in sorted order, as ImageNet's WordNet IDs do: "
-                                   "ClassFolders::Sorted, relpos eval --class-order sorted)");
+                                << " class labels (" << detail::listed_names(labels, 8) << "; a label names its folder, with '/' written as '_'"
+                                << (named == 0 && folders.size() == labels.size()
+                                        ? "; folders that hold the classes in sorted order, as ImageNet's WordNet IDs do: "
+                                          "ClassFolders::Sorted, relpos eval --class-order sorted"
+                                        : "")
+                                << ")");
       class_of[f] = c;
       found[static_cast<std::size_t>(c)] = true;
     }
@@ -171,9 +180,26 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
       RELPOS_CHECK(found[l], root << ": no folder for class '" << labels[l] << "' (expected " << root << "/"
                                   << label_folder_name(labels[l]) << "/)");
   }
+  // A link inside a class folder may lead into another class's folder (or above it): its images would
+  // then count for two classes. Every folder images come from, links resolved, belongs to one class.
+  std::map<std::string, std::pair<std::size_t, std::string>> owner;  // real folder -> class folder, path
+  std::map<std::string, std::string> real_of;                        // folder as listed -> real folder
   for (std::size_t f = 0; f < folders.size(); ++f) {
     std::vector<std::string> images = find_images((fs::path(root) / folders[f]).string());
     RELPOS_CHECK(!images.empty(), root << ": class folder '" << folders[f] << "' holds no images");
+    for (const auto& i : images) {
+      const std::string dir = fs::path(i).parent_path().string();
+      auto [r, fresh] = real_of.emplace(dir, std::string());
+      if (!fresh) continue;
+      std::error_code ec;
+      r->second = fs::canonical(dir, ec).string();
+      if (ec) r->second = dir;
+      const auto [o, first] = owner.emplace(r->second, std::make_pair(f, dir));
+      RELPOS_CHECK(first || o->second.first == f,
+                   root << ": the images in " << r->second << " are reached both from class folder '" << folders[o->second.first]
+                        << "' (as " << o->second.second << ") and from '" << folders[f] << "' (as " << dir
+                        << "): a symbolic link leads from one class folder into another; each image must belong to one class");
+    }
     for (auto& i : images) {
       files_.push_back(std::move(i));
       labels_.push_back(class_of[f]);

@@ -432,6 +432,9 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
   std::map<std::string, Tensor*> given;
   for (auto& [name, t] : tensors) {
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0) continue;
+    // a model wrapped by DistributedDataParallel (or an EMA of one) names its tensors module.<name>;
+    // timm's load_checkpoint strips that, and so does relpos
+    if (name.rfind("module.", 0) == 0) name.erase(0, 7);
     RELPOS_CHECK(given.emplace(name, &t).second, source << ": tensor '" << name << "' appears twice");
   }
   std::set<std::string> known;
@@ -451,9 +454,20 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
                    source << ": tensor '" << p.name << "' is stored as " << (p.int8 ? "float32" : "int8")
                           << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
   }
-  if (!missing.empty())
+  if (!missing.empty()) {
+    // the tensor under a prefix (a training checkpoint's state_dict. or state_dict_ema., flattened)
+    std::string prefixed;
+    for (const auto& entry : given)
+      if (entry.first.size() > missing.front().size() &&
+          entry.first.compare(entry.first.size() - missing.front().size() - 1, std::string::npos, "." + missing.front()) == 0)
+        prefixed = entry.first;
     RELPOS_FAIL(source << ": missing tensor '" << missing.front() << "'"
-                       << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string()));
+                       << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string())
+                       << (prefixed.empty() ? ""
+                                            : "; the file has '" + prefixed + "': its names carry the prefix '" +
+                                                  prefixed.substr(0, prefixed.size() - missing.front().size()) +
+                                                  "', which relpos does not strip (only DistributedDataParallel's 'module.')"));
+  }
   for (const auto& [name, t] : given)
     RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
                                            << net.config().name << ")");

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/name_list.hpp"
 #include "relpos/error.hpp"
 #include "relpos/trainer.hpp"
 
@@ -18,13 +19,6 @@ bool labels_name_folders(const std::vector<std::string>& labels, const std::vect
   std::sort(b.begin(), b.end());
   // a folder may also carry the label itself (labels without '/')
   return a == b || std::is_permutation(labels.begin(), labels.end(), folders.begin());
-}
-
-std::string listed(const std::vector<std::string>& names) {
-  std::ostringstream os;
-  for (std::size_t i = 0; i < names.size() && i < 5; ++i) os << (i ? ", " : "") << names[i];
-  if (names.size() > 5) os << ", ...";
-  return os.str();
 }
 
 }  // namespace
@@ -78,13 +72,13 @@ std::string fit_to_data(Model& model, const std::vector<std::string>& data_class
   }
   std::ostringstream what;
   if (model.labels().empty())
-    what << "the model has " << config.num_classes << " outputs but the data " << n << " classes (" << listed(data_classes)
+    what << "the model has " << config.num_classes << " outputs but the data " << n << " classes (" << detail::listed_names(data_classes)
          << "): a new classifier for " << n << " classes";
   else
-    what << "the model's " << model.labels().size() << " classes (" << listed(model.labels()) << ") are not the data's " << n
-         << " (" << listed(data_classes) << "): a new classifier";
-  if (!fresh.empty()) what << " (" << listed(fresh) << " start from random weights)";
-  if (!rows.empty()) what << " (" << listed(rows) << " keep the rows of the data's classes)";
+    what << "the model's " << model.labels().size() << " classes (" << detail::listed_names(model.labels()) << ") are not the data's " << n
+         << " (" << detail::listed_names(data_classes) << "): a new classifier";
+  if (!fresh.empty()) what << " (" << detail::listed_names(fresh) << " start from random weights)";
+  if (!rows.empty()) what << " (" << detail::listed_names(rows) << " keep the rows of the data's classes)";
   std::vector<std::string> labels = data_classes;  // a known class keeps the model's spelling of it
   if (all_known)
     for (std::size_t c = 0; c < labels.size(); ++c) labels[c] = model.labels()[static_cast<std::size_t>(row_of[c])];

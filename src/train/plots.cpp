@@ -6,6 +6,7 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "core/text_columns.hpp"
 #include "io/image_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/trainer.hpp"
@@ -106,15 +107,14 @@ void plot_learning_curves(const std::vector<EpochLog>& history, const std::strin
 
 std::string format_confusion(const EvalResult& r) {
   std::ostringstream os;
-  std::size_t w = 6;  // "[i] name" column, names cut at 14 characters
+  std::size_t w = 6;  // "[i] name" column, names cut at 14 characters (UTF-8 ones counted by character)
   for (std::size_t i = 0; i < r.classes.size(); ++i)
-    w = std::max(w, ("[" + std::to_string(i) + "] ").size() + std::min<std::size_t>(r.classes[i].size(), 14) + 1);
+    w = std::max(w, ("[" + std::to_string(i) + "] ").size() + std::min<std::size_t>(detail::text_columns(r.classes[i]), 14) + 1);
   os << "confusion matrix (rows: true class, columns: predicted)\n" << std::setw(static_cast<int>(w)) << "";
   for (std::size_t j = 0; j < r.classes.size(); ++j) os << std::setw(6) << ("[" + std::to_string(j) + "]");
   os << "\n";
   for (std::size_t i = 0; i < r.confusion.size(); ++i) {
-    os << std::left << std::setw(static_cast<int>(w)) << ("[" + std::to_string(i) + "] " + r.classes[i]).substr(0, w - 1)
-       << std::right;
+    os << detail::text_in_columns("[" + std::to_string(i) + "] " + r.classes[i], w - 1) << ' ';
     for (long v : r.confusion[i]) os << std::setw(6) << v;
     os << "\n";
   }

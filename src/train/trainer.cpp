@@ -290,10 +290,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     ev.epochs = opts.epochs;
     opts.on_event(ev);
   };
-  const auto note = [&](const std::string& text) {
+  const auto note = [&](const std::string& text, bool warning = false) {
     TrainEvent ev;
     ev.kind = TrainEvent::Kind::Message;
-    ev.warning = false;
+    ev.warning = warning;
     ev.message = text;
     report(ev);
   };
@@ -311,6 +311,22 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_all->classes().size() << " classes but the model has "
                          << net.config().num_classes << " outputs");
+  // A grey model (Fashion-MNIST's) trained on colour folders sees them in grey: its preprocessing
+  // comes with it, so say it once rather than let the colours vanish unnoticed.
+  if (!ck && is_folder_data(opts.data) && model.preprocess().channels == ChannelOrder::Gray && train_all->size() > 0) {
+    bool colour = false;
+    try {
+      colour = train_all->image(0).channels() >= 3;
+    } catch (const Error&) {  // an unreadable image is named and skipped when a batch reaches it
+    }
+    if (colour)
+      note("the model takes " + std::to_string(model.preprocess().width) + "x" +
+               std::to_string(model.preprocess().height) + " GRAY input (its preprocessing), so the colour images of " +
+               opts.data + " (" + train_all->name(0) +
+               ", ...) are converted to grey; to learn from colour, start from a config with RGB input (in_chans 3, "
+               "\"channels\": \"RGB\"; docs/training.md)",
+           true);
+  }
   // --train-images N: the first N images of the training set (before any validation split).
   std::optional<detail::DatasetSubset> train_head;
   const Dataset* train_pool = train_all.get();

@@ -106,6 +106,9 @@ def build(cfg_json):
     pool = stem.get("pool", "maxpool")
     pool = "" if pool in ("", "none") else pool
     if stem.get("type", "tiered") == "tiered":
+        # timm's tiered stem strides 4 in all: conv1 and its pool, or conv1 and conv3 without one
+        if stem.get("stride", 2) != (2 if pool else 4):
+            raise ValueError("timm's tiered stem strides conv3 exactly when it has no pool (relpos: stride 4)")
         stem_type, img_size = "tiered", (h, w)
     else:
         # timm's single-conv stems stride 2; build with one and swap in the relpos stem, sizing the

@@ -297,6 +297,12 @@ std::string count_text(long n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+std::string padded(const std::string& s, std::size_t columns) {
+  std::size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // a character's first byte
+  return n >= columns ? s : s + std::string(columns - n, ' ');
+}
+
 std::string preprocess_flags(const Preprocess& p) {
   std::ostringstream os;
   const int c = p.in_chans();

@@ -87,6 +87,9 @@ CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 std::string shortest(float v);
 // "1 epoch", "3 epochs".
 std::string count_text(long n, const std::string& noun);
+// s padded with spaces to `columns` characters (UTF-8 code points, not bytes: "café" as "cafe"); longer
+// text is kept whole.
+std::string padded(const std::string& s, std::size_t columns);
 
 // Fails now, naming the file, where writing it after the work would fail: its folder is missing or
 // not writable, or the name is a folder's. (flag: the option that named it; what: "the model", ...)

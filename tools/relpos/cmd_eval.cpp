@@ -179,7 +179,7 @@ void run(const EvalArgs& a) {
       std::cout << "per class:\n";
     }
     for (const std::size_t c : listed) {
-      std::cout << "  " << std::left << std::setw(16) << r.classes[c] << std::right << std::setprecision(2);
+      std::cout << "  " << padded(r.classes[c], 16) << std::setprecision(2);
       if (images_of[c] > 0) std::cout << std::setw(7) << 100 * r.per_class[c] << "%\n";
       else std::cout << "  no images\n";
     }
