@@ -55,6 +55,15 @@ struct Int8Plan {
   std::shared_ptr<void> held, held_bias;  // the memory of weights and bias (arena_memory)
 };
 
+// oneDNN 2.6's AMX 1x1 int8 kernel with a binary post-op writes whole 16-pixel tiles past the end of
+// a u8 destination whose pixel count is not a multiple of 16 (6x6 maps: 12 rows of output channels,
+// 24 KiB beyond it), corrupting the heap: sasa_resnet26 int8 at 192x192 crashed. The next
+// implementation oneDNN offers for the same convolution takes its place.
+void skip_amx_1x1_with_binary(dnnl::convolution_forward::primitive_desc& pd) {
+  while (std::string(pd.impl_info_str()).rfind("jit_1x1:avx512_core_amx", 0) == 0)
+    if (!pd.next_impl()) RELPOS_FAIL("conv2d_int8: oneDNN offers no int8 1x1 convolution with a float residual but its AMX one");
+}
+
 // out_scale > 0: the output is u8 with that scale, else float32. sum_scale > 0: a residual is added
 // (sum post-op) from the destination, which holds it beforehand in units of sum_scale: its float32
 // value (sum_scale 1) or, for u8 output, its u8 codes (sum_scale = residual scale / out_scale).
@@ -96,6 +105,7 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                       src_md, wany, bmd, dst_md, strides, pad_l, pad_r);
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+    if (add_f32) skip_amx_1x1_with_binary(plan->pd);
     plan->has_bias = true;
     plan->bias = arena_memory(bmd, plan->held_bias);
     // oneDNN 2.x adds the bias to the accumulator before the output scales: dst = scale * (acc +
@@ -106,6 +116,7 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                       src_md, wany, dst_md, strides, pad_l, pad_r);
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+    if (add_f32) skip_amx_1x1_with_binary(plan->pd);
   }
   plan->prim = dnnl::convolution_forward(plan->pd);
 
