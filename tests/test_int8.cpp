@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,7 @@
 #include "layers/int8_conv.hpp"
 #include "relpos/error.hpp"
 #include "relpos/quantize.hpp"
+#include "relpos/safetensors.hpp"
 #include "relpos/runtime.hpp"
 #include "test_util.hpp"
 
@@ -478,6 +480,43 @@ TEST_CASE("int8 bad input: errors name the problem") {
   auto scale = j;
   scale["tensors"]["stem.conv.input_scale"]["data"][0] = 0.0;
   CHECK_THROWS_WITH_AS(Model::load(write(scale, "e.json")), doctest::Contains("input_scale"), Error);
+  // before: weight scales of 0 or below, and a subnormal input scale (infinite inverse), loaded and
+  // answered anything
+  for (const double v : {0.0, -0.01, 1e-40}) {
+    for (const char* t : {"stages.0.0.conv2_kxk.conv.weight_scale", "stages.0.0.conv2_kxk.conv.input_scale"}) {
+      auto s = j;
+      s["tensors"][t]["data"][0] = v;
+      CAPTURE(v);
+      CHECK_THROWS_WITH_AS(Model::load(write(s, "f.json")), doctest::Contains((std::string("'") + t + "' holds").c_str()),
+                           Error);
+    }
+  }
+  // an int8 layer's weights in another dtype: said as such, not as "stored as float32"
+  CHECK_THROWS_WITH_AS(Model::load(write(f32, "a.json")), doctest::Contains("is not stored as int8"), Error);
+  // safetensors: int8 layers in a file of format version 1, or of none, are refused as in JSON
+  m.save_safetensors(dir.file("q.safetensors"));
+  const SafetensorsFile sf = SafetensorsFile::read(dir.file("q.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::set<std::string> i8;
+  for (const auto& e : sf.entries()) {
+    tensors.emplace_back(e.name, sf.tensor(e.name));
+    if (e.dtype == "I8") i8.insert(e.name);
+  }
+  REQUIRE(!i8.empty());
+  for (const char* version : {"1", ""}) {
+    auto meta = sf.metadata();
+    if (*version) meta["relpos.version"] = version;
+    else meta.erase("relpos.version");
+    write_safetensors(dir.file("v.safetensors"), tensors, meta, i8);
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("v.safetensors")), doctest::Contains("needs relpos.version 2"), Error);
+  }
+  // training an int8 model: refused naming the file, before the output folder is made
+  relpos::test::make_pattern_dataset(dir.file("data"), 2, 1);
+  const auto r = relpos::test::run_cli("train --init " + dir.file("q.json") + " --data " + dir.file("data") +
+                                       " --epochs 1 -b 2 --threads 1 -q -o " + dir.file("run"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.file("q.json") + " is an int8 model, which cannot be trained") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("run")));
 }
 
 TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be quantized") {

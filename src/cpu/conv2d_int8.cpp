@@ -74,8 +74,8 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
                                     Act act, float sum_scale, float out_scale, bool add_f32) {
   RELPOS_CHECK(w.scale->numel() == g.o, "conv2d_int8: " << w.scale->numel() << " weight scales for " << g.o
                                                         << " output channels");
-  RELPOS_CHECK(std::isfinite(w.input_scale) && w.input_scale > 0,
-               "conv2d_int8: the input scale must be positive, got " << w.input_scale);
+  RELPOS_CHECK(ops::usable_int8_scale(w.input_scale),
+               "conv2d_int8: the input scale must be a positive normal float, got " << w.input_scale);
   auto plan = std::make_shared<Int8Plan>();
   const bool halve = !w.input_signed && int8_pairs_saturate();
   const auto src_md = dnnl::memory::desc({g.n, g.c, g.h, g.w}, w.input_signed ? dt::s8 : dt::u8, tag::nhwc);
@@ -195,7 +195,7 @@ void run(const Int8Plan& plan, const ops::QuantizedTensor& x, dnnl::memory dst, 
 }  // namespace
 
 ops::QuantizedTensor quantize_activation(const Tensor& x_in, float scale, bool is_signed) {
-  RELPOS_CHECK(std::isfinite(scale) && scale > 0, "quantize_activation: the scale must be positive, got " << scale);
+  RELPOS_CHECK(ops::usable_int8_scale(scale), "quantize_activation: the scale must be a positive normal float, got " << scale);
   const Tensor x = as_channels_last(x_in);
   ops::QuantizedTensor q = ops::QuantizedTensor::empty(x.shape(), scale, is_signed);
   const float inv = 1.0f / scale, lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
@@ -236,7 +236,7 @@ ops::QuantizedTensor conv2d_int8_requantized(const ops::QuantizedTensor& x, cons
                                              const ops::ConvSpec& spec, Act act, float out_scale,
                                              const ops::Residual& residual, OpCache* cache) {
   RELPOS_CHECK(act == Act::ReLU, "conv2d_int8_requantized: only a ReLU output (never negative) goes to u8");
-  RELPOS_CHECK(std::isfinite(out_scale) && out_scale > 0, "conv2d_int8_requantized: bad output scale " << out_scale);
+  RELPOS_CHECK(ops::usable_int8_scale(out_scale), "conv2d_int8_requantized: bad output scale " << out_scale);
   RELPOS_CHECK(!(residual.u8 && residual.f32), "conv2d_int8_requantized: one residual, u8 or float32");
   const Geometry g = checked_geometry(x, w, spec);
   ops::QuantizedTensor y = ops::QuantizedTensor::empty({g.n, g.o, g.oh, g.ow}, out_scale, false);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 
+#include "core/ops_internal.hpp"
 #include "io/base64.hpp"
 #include "io/json_reader.hpp"
 #include "model/config_file.hpp"
@@ -194,8 +195,14 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
                    "weights format version " << v << " is not supported (this relpos reads versions " << kVersion
                                              << " and " << kVersionInt8 << ")");
     }
-    if (meta.count("relpos.quantization"))
+    if (meta.count("relpos.quantization")) {
+      // as the JSON form: int8 layers came with format version 2; a file that says otherwise (or
+      // nothing) is not one this relpos wrote
+      RELPOS_CHECK(meta.count("relpos.version") && meta.at("relpos.version") == std::to_string(kVersionInt8),
+                   "relpos.quantization needs relpos.version " << kVersionInt8 << ", the file has "
+                                                               << (meta.count("relpos.version") ? meta.at("relpos.version") : "none"));
       fc.int8_layers = int8_layers_from_json(json::parse(meta.at("relpos.quantization")), "relpos.quantization");
+    }
     if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
     if (meta.count("relpos.preprocess")) {
       fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
@@ -451,7 +458,7 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
                         << net.config().name << " needs " << to_string(p.value->shape()));
     if (int8_tensors)
       RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0),
-                   source << ": tensor '" << p.name << "' is stored as " << (p.int8 ? "float32" : "int8")
+                   source << ": tensor '" << p.name << "' is " << (p.int8 ? "not stored as int8" : "stored as int8")
                           << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
   }
   if (!missing.empty()) {
@@ -490,10 +497,21 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
                    source << ": tensor '" << p.name << "' holds " << t.data()[i]
                           << "; int8 weights must be integers in [-127, 127]");
   }
+  // An int8 layer's scales multiply every output: zero, negative, subnormal (whose inverse is
+  // infinite) or huge ones make any answer.
+  for (const ParamRef& p : net.params()) {
+    const auto ends_with = [&](const char* s) {
+      const std::size_t n = std::strlen(s);
+      return p.name.size() >= n && p.name.compare(p.name.size() - n, n, s) == 0;
+    };
+    if (!ends_with(".weight_scale") && !ends_with(".input_scale")) continue;
+    const Tensor& t = *given.at(p.name);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      RELPOS_CHECK(ops::usable_int8_scale(t.data()[i]),
+                   source << ": tensor '" << p.name << "' holds " << t.data()[i] << " (element " << i << " of " << t.numel()
+                          << "); an int8 layer's scales must be positive normal floats below 1e30");
+  }
   for (const ParamRef& p : net.params()) p.value->copy_from(*given.at(p.name));
-  for (const Int8Layer& l : net.int8_layers())
-    RELPOS_CHECK(std::isfinite(l.input_scale) && l.input_scale > 0,
-                 source << ": int8 layer '" << l.name << "': its input_scale must be positive, got " << l.input_scale);
   net.prepare_inference();
 }
 

@@ -322,8 +322,8 @@ void Network::set_int8_layers(const std::vector<Int8Layer>& layers) {
   std::map<std::string, const Int8Layer*> wanted;
   for (const Int8Layer& l : layers) {
     RELPOS_CHECK(wanted.emplace(l.name, &l).second, "int8 layer '" << l.name << "' is named twice");
-    RELPOS_CHECK(std::isfinite(l.input_scale) && l.input_scale > 0,
-                 "int8 layer '" << l.name << "': input scale must be positive, got " << l.input_scale);
+    RELPOS_CHECK(ops::usable_int8_scale(l.input_scale),
+                 "int8 layer '" << l.name << "': input scale must be a positive normal float below 1e30, got " << l.input_scale);
   }
   RELPOS_CHECK(layers.empty() || m.device == Device::CPU,
                "int8 layers run on the CPU only; move the model to the CPU first");

@@ -242,6 +242,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                                                  << " is not valid UTF-8 (the checkpoint records it as text); rename it");
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
+  // before the output folder is made: an int8 model stopped at its first step, leaving it empty
+  RELPOS_CHECK(model.network().int8_layers().empty(),
+               (opts.init.empty() ? std::string("the model") : opts.init)
+                   << " is an int8 model, which cannot be trained: train (or fine-tune) its float model, then quantize it");
   opts.processes = dp.size();
   // --canvas N: the model sees N x N canvases (its preprocessing must not resize them).
   const int canvas = opts.augment.canvas;
