@@ -340,6 +340,20 @@ TEST_CASE("bench times inference, a training step, or the attention op, and can 
   r = run("bench -m fmnist_conv --sasa 3 --iters 1");  // was ignored
   CHECK(r.status == 2);
   CHECK(r.out.find("--sasa times the SASA op alone") != std::string::npos);
+  // one mode's options in the other were ignored too (a --save-logits that wrote nothing)
+  for (const char* extra : {"--save-logits x.safetensors", "--train", "--profile", "--input x.safetensors",
+                            "--paired-with fmnist_conv", "--config fmnist_conv"}) {
+    CAPTURE(extra);
+    r = run(std::string("bench --attention 7 7 --iters 1 ") + extra);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("excludes") != std::string::npos);
+  }
+  for (const char* extra : {"--backward", "--heads 2", "--dim 8"}) {
+    CAPTURE(extra);
+    r = run(std::string("bench -m fmnist_conv --iters 1 ") + extra);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("excludes") != std::string::npos);
+  }
 }
 
 TEST_CASE("bench --paired-with times two models run by run and compares their multiply-adds per second") {
@@ -501,9 +515,9 @@ TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once,
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // disjoint
   CHECK(all.size() == total);                                      // and complete
   CHECK(largest - smallest <= 1);                                  // balanced
-  for (const char* bad : {"0/3", "4/3", "x", "1/0", "-1/2", "1/2/3"}) {
+  for (const char* bad : {"0/3", "4/3", "x", "1/0", "-1/2", "1/2/3", ""}) {  // "": before, all of the images
     CAPTURE(bad);
-    const Run r = run("classify -m " + model + " " + samples() + " --shard " + bad);
+    const Run r = run("classify -m " + model + " " + samples() + " --shard '" + bad + "'");
     CHECK(r.status == 2);
     CHECK(r.out.find("--shard takes K/N") != std::string::npos);
   }
@@ -513,4 +527,30 @@ TEST_CASE("classify --shard K/N: the parts are disjoint, cover every image once,
   CHECK(empty.status == 0);
   CHECK(empty.out.find("shard 40/40 has no images: " + std::to_string(total) + " dealt in turn over 40 shards") !=
         std::string::npos);
+  // only inputs that do not exist: shard 1 reports them and fails; another shard has nothing to do
+  // (before: exit 1 without a word)
+  const Run missing1 = run("classify -m " + model + " /nonexistent/a.png --shard 1/2");
+  CHECK(missing1.status == 1);
+  CHECK(missing1.out.find("/nonexistent/a.png") != std::string::npos);
+  const Run missing2 = run("classify -m " + model + " /nonexistent/a.png --shard 2/2");
+  CHECK(missing2.status == 0);
+  CHECK(missing2.out.find("shard 1 reports the inputs that cannot be read") != std::string::npos);
+}
+
+TEST_CASE("classify --json: an unreadable image's line stands where the image does among the others") {
+  relpos::test::TempDir dir;
+  std::ofstream(dir.file("cut.png")) << "\x89PNG";
+  const std::string model = relpos::test::source_dir() + "/models/botnet-fmnist.json";
+  const std::string a = samples() + "/bag_00018.png", b = samples() + "/coat_00006.png";
+  // before: the unreadable image's line came first in its batch
+  const Run r = run("classify -m " + model + " --json -q -b 3 " + a + " " + dir.file("cut.png") + " " + b, true);
+  CHECK(r.status == 1);
+  std::istringstream lines(r.out);
+  std::string line;
+  std::vector<std::string> order;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    order.push_back(j["image"].get<std::string>() + (j.contains("error") ? " error" : ""));
+  }
+  CHECK(order == std::vector<std::string>{a, dir.file("cut.png") + " error", b});
 }

@@ -206,4 +206,12 @@ TEST_CASE("explain: bad layers, queries and heads are usage errors; a model with
   CHECK(r.out.find("has no attention layers") != std::string::npos);
   r = run("explain " + model + " --layer stages.2.1");  // the block's name also names its attention layer
   CHECK(r.status == 0);
+  r = run("explain -m " + src("models/botnet-fmnist.json") + " " + src("samples/bag_00018.png") + " --out ''");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--out needs a folder name") != std::string::npos);
+  // a folder that cannot be made: the reason is the making's (it said "No such file or directory")
+  std::ofstream(dir.file("plain")) << "x";
+  r = run("explain " + model.substr(0, model.find(" --out ")) + " --out " + dir.file("plain") + "/sub");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("cannot make the output folder (Not a directory)") != std::string::npos);
 }

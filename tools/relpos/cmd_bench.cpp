@@ -93,8 +93,8 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
   if (a.json) {
     std::cout << json_text(report_json(a, what, items, device, ms, macs_per_item)) << "\n";
   } else {
-    std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << threads_in_use()
-              << " threads, " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
+    std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << count_text(threads_in_use(), "thread")
+              << ", " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
               << ms.front() << " ms over " << ms.size() << " runs = " << std::setprecision(2) << n * 1000.0 / median
               << " img/s\n";
   }
@@ -393,6 +393,13 @@ void register_bench(CLI::App& app) {
   sub->add_option("--paired-input", args->paired_input,
                   "safetensors file with the --paired-with model's 'input' tensor (same batch as the first's)");
   sub->add_flag("--json", args->json, "Print one JSON object per line (with --profile, a second one with the profile)");
+  // each mode's options are refused in the other, not silently ignored (a --save-logits that wrote nothing)
+  CLI::Option* attention = sub->get_option("--attention");
+  for (const char* name : {"--config", "--input", "--save-logits", "--train", "--profile", "--paired-with", "--paired-config",
+                           "--paired-input"})
+    attention->excludes(sub->get_option(name));
+  CLI::Option* model = sub->get_option("--model");
+  for (const char* name : {"--backward", "--dim", "--heads"}) sub->get_option(name)->excludes(model);
   sub->callback([args] { run(*args); });
 }
 

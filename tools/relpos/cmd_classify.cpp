@@ -1,4 +1,5 @@
 // relpos classify: top-k classes of images and folders of images.
+#include <optional>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -22,7 +23,7 @@ struct ClassifyArgs {
   int topk = 5;
   int batch = 8;
   bool json = false, quiet = false;
-  std::string shard;  // "K/N"
+  std::optional<std::string> shard;  // "K/N"
 };
 
 // "K/N" with 1 <= K <= N: this run takes the inputs whose position in the sorted list is K-1 mod N.
@@ -79,7 +80,7 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
 
 void run(const ClassifyArgs& a) {
   RELPOS_CHECK(a.batch >= 1, "--batch must be at least 1");
-  if (!a.shard.empty()) parse_shard(a.shard);  // a usage error before the model loads
+  if (a.shard) parse_shard(*a.shard);  // a usage error before the model loads
   auto t_load = Clock::now();
   Model model = a.model.load();
   a.pre.apply(model);
@@ -89,16 +90,19 @@ void run(const ClassifyArgs& a) {
   // A shard past the number of images (30 images over 40 jobs) has nothing to do: it says so and
   // succeeds, as it would have had the images been split otherwise.
   bool empty_shard = false;
-  if (!a.shard.empty()) {
-    const auto [k, n] = parse_shard(a.shard);
+  if (a.shard) {
+    const auto [k, n] = parse_shard(*a.shard);
     std::vector<std::string> mine;
     for (std::size_t i = k - 1; i < files.size(); i += n) mine.push_back(files[i]);
-    empty_shard = mine.empty() && !files.empty();
+    // inputs that do not exist are reported once, by shard 1; another shard with no images then
+    // has nothing to do, not a failure of its own to report
+    empty_shard = mine.empty() && (!files.empty() || (k != 1 && !errors.empty()));
     if (empty_shard)
-      std::cerr << "relpos: shard " << k << "/" << n << " has no images: " << files.size()
-                << " dealt in turn over " << n << " shards\n";
+      std::cerr << "relpos: shard " << k << "/" << n << " has no images: " << files.size() << " dealt in turn over " << n
+                << " shards" << (errors.empty() || k == 1 ? "" : " (shard 1 reports the inputs that cannot be read)")
+                << "\n";
     files = std::move(mine);
-    if (k != 1) errors.clear();  // inputs that do not exist are reported once, by shard 1
+    if (k != 1) errors.clear();
   }
   for (const auto& [name, message] : errors) report_error(a, name, message);
   ProgressBar bar("classify", a.quiet);
@@ -111,28 +115,36 @@ void run(const ClassifyArgs& a) {
     auto t0 = Clock::now();
     std::vector<std::string> names;
     std::vector<Tensor> inputs;
+    std::vector<std::optional<std::string>> why(end - start);  // an unreadable image's error, by its place
     for (std::size_t i = start; i < end; ++i) {
       try {
         inputs.push_back(make_batch({read_image(files[i])}, pre));
         names.push_back(files[i]);
       } catch (const std::exception& e) {
-        bar.finish();
-        report_error(a, files[i], e.what());
+        why[i - start] = e.what();
         ++failed;
       }
     }
-    if (inputs.empty()) continue;
-    Tensor batch({static_cast<std::int64_t>(inputs.size()), pre.in_chans(), pre.height, pre.width}, Device::CPU,
-                 Layout::ChannelsLast);
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      std::memcpy(batch.data() + i * per_image, inputs[i].data(), per_image * sizeof(float));
-    prep_ms += ms_since(t0);
-    auto t1 = Clock::now();
-    const Tensor logits = model.logits(batch);
-    infer_ms += ms_since(t1);
-    const auto preds = model.top_k(logits, a.topk);
+    // the lines in the inputs' order (an unreadable image's where it stands), flushed per batch so
+    // that a run stopped by a signal leaves only whole lines
+    std::vector<std::vector<Prediction>> preds;
+    if (!inputs.empty()) {
+      Tensor batch({static_cast<std::int64_t>(inputs.size()), pre.in_chans(), pre.height, pre.width}, Device::CPU,
+                   Layout::ChannelsLast);
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        std::memcpy(batch.data() + i * per_image, inputs[i].data(), per_image * sizeof(float));
+      prep_ms += ms_since(t0);
+      auto t1 = Clock::now();
+      const Tensor logits = model.logits(batch);
+      infer_ms += ms_since(t1);
+      preds = model.top_k(logits, a.topk);
+    }
     bar.finish();
-    for (std::size_t i = 0; i < names.size(); ++i) print_result(a, names[i], preds[i]);
+    for (std::size_t i = start, r = 0; i < end; ++i) {
+      if (!why[i - start]) print_result(a, names[r], preds[r]), ++r;
+      else report_error(a, files[i], *why[i - start]);
+    }
+    std::cout.flush();
     done += names.size();
     bar.update(end, files.size());
   }
@@ -169,8 +181,9 @@ void register_classify(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--json", args->json, "One JSON object per image on stdout");
   sub->add_option("--shard", args->shard,
-                  "Classify only part K of N of the inputs (every N-th file of the sorted list, from the K-th), so "
-                  "that N machines or jobs split a folder; missing inputs are reported by part 1")
+                  "Classify only part K of N of the inputs (every N-th image from the K-th, in the order given, "
+                  "a folder's images in sorted order), so that N machines or jobs split a folder; inputs that do "
+                  "not exist are reported by part 1")
       ->type_name("K/N");
   sub->add_flag("-q,--quiet", args->quiet, "No progress bar and no timing summary on stderr");
   args->pre.add(sub);

@@ -143,6 +143,7 @@ std::string layer_names(const std::vector<AttentionMaps>& maps) {
 }
 
 void run(const ExplainArgs& a) {
+  RELPOS_USAGE_CHECK(!a.out.empty(), "--out needs a folder name");
   Model model = a.model.load();
   a.pre.apply(model);
   const cv::Mat image = read_image(a.image);
@@ -176,10 +177,11 @@ void run(const ExplainArgs& a) {
                                                      << m.heads() - 1 << ")");
   }
 
-  std::error_code ec;
-  fs::create_directories(a.out, ec);
+  std::error_code made, ec;  // why making it failed (a later test would overwrite the reason)
+  fs::create_directories(a.out, made);
   RELPOS_CHECK(fs::is_directory(a.out, ec),
-               a.out << ": cannot make the output folder (" << (fs::exists(a.out) ? "a file of that name is there" : ec.message())
+               a.out << ": cannot make the output folder ("
+                     << (fs::exists(a.out, ec) ? "a file of that name is there" : made ? made.message() : "not a folder")
                      << ")");
   const cv::Mat view = network_view(image, model.preprocess());
   const std::string image_name = fs::path(a.image).filename().string();
