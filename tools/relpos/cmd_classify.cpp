@@ -1,5 +1,7 @@
 // relpos classify: top-k classes of images and folders of images.
 #include <optional>
+#include <cstdio>
+#include <unistd.h>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -81,6 +83,9 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
 void run(const ClassifyArgs& a) {
   RELPOS_CHECK(a.batch >= 1, "--batch must be at least 1");
   if (a.shard) parse_shard(*a.shard);  // a usage error before the model loads
+  // stdout to a file or pipe: a buffer that holds a batch's lines, written by the flush after each
+  // batch in one piece (stdio's 4 KiB one would write a batch's lines in pieces, cut anywhere)
+  if (!isatty(STDOUT_FILENO)) std::setvbuf(stdout, nullptr, _IOFBF, std::size_t{1} << 20);
   auto t_load = Clock::now();
   Model model = a.model.load();
   a.pre.apply(model);
