@@ -177,3 +177,16 @@ TEST_CASE("one OpCache used with two weight tensors gives each its own result, n
   CHECK(test::max_abs_diff(y2, ops::conv2d(x, w2, nullptr, spec)) == 0.0f);
   CHECK(test::max_abs_diff(y1, y2) > 0.0f);
 }
+
+TEST_CASE("a moved-from model throws relpos::Error when used, and works again once a model is assigned to it") {
+  Model a = tiny();
+  const cv::Mat img(64, 96, CV_8UC3, cv::Scalar(10, 120, 200));
+  const auto want = a.classify(img, 3);
+  Model b = std::move(a);
+  // before: a segfault in Network::device()
+  CHECK_THROWS_WITH_AS(a.classify(img, 3), doctest::Contains("moved from"), Error);  // NOLINT(bugprone-use-after-move)
+  CHECK_THROWS_WITH_AS(a.features(img), doctest::Contains("moved from"), Error);
+  CHECK(b.classify(img, 3)[0].index == want[0].index);
+  a = tiny();
+  CHECK(a.classify(img, 3)[0].probability == want[0].probability);
+}

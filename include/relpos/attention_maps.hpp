@@ -4,7 +4,7 @@
 // the cosine similarity of the learned position tables.
 //
 //   relpos::Model model = relpos::Model::load("models/botnet-fmnist.json");
-//   std::vector<relpos::AttentionMaps> layers = model.attention(cv::imread("bag.png"));
+//   std::vector<relpos::AttentionMaps> layers = model.attention(relpos::read_image("bag.png"));
 //   const relpos::AttentionMaps& last = layers.back();              // "stages.2.1.self_attn"
 //   relpos::QueryTerms t = relpos::query_terms(last, 3, 3);         // the centre of the 7x7 map
 //   std::vector<double> d = relpos::mean_attention_distance(last).map_pixels;   // per head

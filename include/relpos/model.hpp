@@ -1,7 +1,7 @@
 // relpos: a loaded model ready for a vision pipeline: network + class labels + preprocessing.
 //
 //   auto model = relpos::Model::load("models/botnet-fmnist.json");   // or a .safetensors file
-//   auto top5 = model.classify(cv::imread("shirt.png"));              // OpenCV in
+//   auto top5 = model.classify(relpos::read_image("shirt.png"));      // OpenCV in (any BGR cv::Mat)
 //   auto maps = model.features(image);                                // feature map per stage
 //
 // classify(), features() and logits() are const and may be called from many threads on one

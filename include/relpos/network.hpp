@@ -95,7 +95,8 @@ class Network {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;  // null in a moved-from network
+  Impl& impl() const;           // throws relpos::Error for a moved-from network
 };
 
 }  // namespace relpos

@@ -117,7 +117,7 @@ struct Network::Impl {
 };
 
 Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   config.check_memory();  // before anything is allocated
   m.config = config;
   m.stem = std::make_unique<Stem>(config.stem, config.in_chans, config.act);
@@ -161,42 +161,47 @@ Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize)
   prepare_inference();
 }
 
+Network::Impl& Network::impl() const {
+  RELPOS_CHECK(impl_, "this network (or model) is empty: it was moved from; assign a loaded one to it first");
+  return *impl_;
+}
+
 Network::~Network() = default;
 Network::Network(Network&&) noexcept = default;
 Network& Network::operator=(Network&&) noexcept = default;
 
-const ModelConfig& Network::config() const { return impl_->config; }
-const std::vector<ParamRef>& Network::params() const { return impl_->params; }
+const ModelConfig& Network::config() const { return impl().config; }
+const std::vector<ParamRef>& Network::params() const { return impl().params; }
 
 const ParamRef* Network::find(const std::string& name) const {
-  for (const auto& p : impl_->params)
+  for (const auto& p : impl().params)
     if (p.name == name) return &p;
   return nullptr;
 }
 
 std::int64_t Network::num_params() const {
   std::int64_t n = 0;
-  for (const auto& p : impl_->params)
+  for (const auto& p : impl().params)
     if (p.grad || p.int8) n += p.value->numel();
   return n;
 }
 
-Device Network::device() const { return impl_->device; }
+Device Network::device() const { return impl().device; }
 
 void Network::to(Device device) {
-  if (device == impl_->device) return;
+  if (device == impl().device) return;
   RELPOS_CHECK(device == Device::CPU || int8_layers().empty(), config().name << " has int8 layers, which run on the CPU only");
   release_saved();
-  for (auto& p : impl_->params) {
+  for (auto& p : impl().params) {
     *p.value = p.value->to(device);
     if (p.grad) *p.grad = Tensor();
   }
-  impl_->device = device;
+  impl().device = device;
   prepare_inference();
 }
 
 void Network::prepare_inference() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.stem->prepare_inference();
   for (auto& stage : m.stages)
     for (auto& b : stage) b->prepare_inference();
@@ -205,7 +210,7 @@ void Network::prepare_inference() {
 }
 
 Tensor Network::infer(const Tensor& x) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   m.check_input(x);
   // int8 layers hand u8 from block to block where both ends allow it (docs/int8.md)
   std::vector<const ResidualBlock*> blocks;
@@ -231,7 +236,7 @@ Tensor Network::infer(const Tensor& x) const {
 }
 
 std::vector<Tensor> Network::infer_features(const Tensor& x) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   m.check_input(x);
   std::vector<Tensor> feats(1);
   Tensor h = m.stem->infer(x, &feats[0]);
@@ -243,7 +248,7 @@ std::vector<Tensor> Network::infer_features(const Tensor& x) const {
 }
 
 std::vector<AttentionMaps> Network::infer_attention(const Tensor& x, Tensor* logits) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   m.check_input(x);
   std::vector<AttentionMaps> maps;
   Tensor h = m.stem->infer(x);
@@ -259,7 +264,7 @@ std::vector<AttentionMaps> Network::infer_attention(const Tensor& x, Tensor* log
 }
 
 Tensor Network::forward(const Tensor& x) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_input(x, /*need_prepared=*/false);
   m.prepared = false;  // the weights are about to change: infer() must be re-prepared
   Tensor h;
@@ -277,7 +282,7 @@ Tensor Network::forward(const Tensor& x) {
 }
 
 void Network::backward(const Tensor& dlogits, const std::function<void(std::size_t first)>& ready) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   Tensor d;
   {
     detail::ScopedLayer layer(m.head_name);
@@ -304,7 +309,7 @@ void Network::backward(const Tensor& dlogits, const std::function<void(std::size
 }
 
 void Network::release_saved() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.stem->release_saved();
   for (auto& stage : m.stages)
     for (auto& b : stage) b->release_saved();
@@ -313,12 +318,12 @@ void Network::release_saved() {
 
 std::vector<std::string> Network::quantizable_layers() const {
   std::vector<std::string> out;
-  for (const Quantizable* q : impl_->quantizables()) out.push_back(q->layer_name());
+  for (const Quantizable* q : impl().quantizables()) out.push_back(q->layer_name());
   return out;
 }
 
 void Network::set_int8_layers(const std::vector<Int8Layer>& layers) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   std::map<std::string, const Int8Layer*> wanted;
   for (const Int8Layer& l : layers) {
     RELPOS_CHECK(wanted.emplace(l.name, &l).second, "int8 layer '" << l.name << "' is named twice");
@@ -353,13 +358,13 @@ void Network::set_int8_layers(const std::vector<Int8Layer>& layers) {
 
 std::vector<Int8Layer> Network::int8_layers() const {
   std::vector<Int8Layer> out;
-  for (const Quantizable* q : impl_->quantizables())
+  for (const Quantizable* q : impl().quantizables())
     if (const Int8Conv* c = q->int8()) out.push_back({q->layer_name(), c->input_scale(), c->input_signed()});
   return out;
 }
 
 std::vector<LayerRow> Network::summarize(int batch, int height, int width) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   RELPOS_CHECK(batch > 0 && height >= 0 && width >= 0 && (height == 0) == (width == 0),
                "summarize: batch " << batch << ", input " << height << "x" << width);
   if (height == 0) height = m.config.input_size[0], width = m.config.input_size[1];
