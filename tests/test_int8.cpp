@@ -108,6 +108,13 @@ TEST_CASE("per-channel weight quantization round trips within half a step") {
   // quantizing the dequantized weights gives the same integers
   const QuantizedWeights again = quantize_per_channel(back);
   CHECK(relpos::test::max_abs_diff(again.q, q.q) == 0.0f);
+  // a channel so small that its scale would be subnormal (which a model file may not hold) is a zero one
+  Tensor tiny = Tensor::full({2, 3, 1, 1}, 1e-37f);
+  tiny.data()[3] = 0.5f;
+  const QuantizedWeights t = quantize_per_channel(tiny);
+  CHECK(t.scale.data()[0] == 1.0f);
+  CHECK(t.q.data()[0] == 0.0f);
+  CHECK(t.scale.data()[1] == doctest::Approx(0.5f / 127));
 }
 
 TEST_CASE("int8 convolution matches the float convolution within the quantization error bound") {

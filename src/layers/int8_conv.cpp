@@ -20,7 +20,9 @@ QuantizedWeights quantize_per_channel(const Tensor& w_in) {
     float amax = 0.0f;
     for (std::int64_t i = 0; i < per; ++i) amax = std::max(amax, std::fabs(src[o * per + i]));
     RELPOS_CHECK(std::isfinite(amax), "quantize_per_channel: output channel " << o << " holds a non-finite weight");
-    s[o] = amax > 0.0f ? amax / 127.0f : 1.0f;
+    // an all-zero channel (or one so small that its scale would be subnormal, which a model file
+    // may not hold): scale 1, every weight 0
+    s[o] = ops::usable_int8_scale(amax / 127.0f) ? amax / 127.0f : 1.0f;
     for (std::int64_t i = 0; i < per; ++i)
       q[o * per + i] = std::clamp(std::nearbyint(src[o * per + i] / s[o]), -127.0f, 127.0f);
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops_internal.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::detail {
@@ -83,8 +84,10 @@ float ActivationRange::threshold(Calibration method, double percentile) const {
 
 float ActivationRange::scale(Calibration method, double percentile) const {
   const float t = threshold(method, percentile);
-  if (!(t > 0.0f)) return 1.0f;  // a layer that only ever saw zeros
-  return t / (is_signed() ? 127.0f : 255.0f);
+  // a layer that only ever saw zeros (or values so small that the scale would be subnormal, which a
+  // model file may not hold)
+  const float s = t / (is_signed() ? 127.0f : 255.0f);
+  return ops::usable_int8_scale(s) ? s : 1.0f;
 }
 
 }  // namespace relpos::detail
