@@ -66,30 +66,32 @@ TEST_CASE("tiny_botnet_96x64: eval logits from timm's parameters match timm") {
   });
 }
 
-TEST_CASE("a tiered stem without a pool strides conv3 as timm's does (stride 4): logits match timm") {
-  // before: conv3 kept stride 1, the weights loaded (same shapes) and the logits were wrong
+TEST_CASE("a tiered stem with pool \"conv3\" strides conv3 as timm's does without a pool: logits match timm") {
+  // before: no config could say it; "none" kept conv3 at stride 1, the weights loaded (same shapes)
+  // and timm's resnet32ts gave wrong logits
   const SafetensorsFile f = test::golden("tiny_stem4_32x32");
   Network net(ModelConfig::load(test::source_dir() + "/tests/data/tiny_stem4_config.json"));
   CHECK(net.num_params() == std::stoll(f.metadata().at("params")));
   load_golden_params(net, f);
   test::check_forward(net.infer(f.tensor("input")), f.tensor("logits_eval"), "tiny_stem4_32x32 logits_eval");
-  // the stride is asked for: a stem read as striding conv1 only before it was is not read as timm's
   nlohmann::json j;
   std::ifstream(test::source_dir() + "/tests/data/tiny_stem4_config.json") >> j;
-  j["stem"].erase("stride");
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("needs \"stride\": 4"), Error);
-  j["stem"]["stride"] = 2;
-  // conv1 strides alone: the attention sees 8x8 (tables of 15 rows) where stride 4 gives 4x4 (7 rows)
+  // "none" keeps its meaning (conv1 alone strides): files written before "conv3" existed read as they did
+  // (the attention sees 8x8, tables of 15 rows, where "conv3" gives 4x4 and 7 rows)
   const char* table = "stages.1.1.self_attn.pos_embed.height_rel";
   CHECK(net.find(table)->value->shape()[0] == 7);
-  const Network s2(ModelConfig::from_json(j));
-  CHECK(s2.find(table)->value->shape()[0] == 15);
-  CHECK(s2.infer(f.tensor("input")).shape() == Shape{2, 5});
-  j["stem"]["pool"] = "maxpool";
-  j["stem"]["stride"] = 4;
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("or 4 without a pool"), Error);
-  // the stride survives a round trip through a model file's config
-  CHECK(ModelConfig::from_json(ModelConfig::load(test::source_dir() + "/tests/data/tiny_stem4_config.json").to_json()).stem.stride == 4);
+  j["stem"]["pool"] = "none";
+  const Network none(ModelConfig::from_json(j));
+  CHECK(none.find(table)->value->shape()[0] == 15);
+  CHECK(none.infer(f.tensor("input")).shape() == Shape{2, 5});
+  // timm's spelling "" is ambiguous on a tiered stem; "conv3" on a conv stem means nothing
+  j["stem"]["pool"] = "";
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("write \"conv3\" for timm's tiered stem"), Error);
+  j["stem"] = {{"type", "conv"}, {"chs", 16}, {"pool", "conv3"}};
+  CHECK_THROWS_WITH_AS(ModelConfig::from_json(j), doctest::Contains("needs a tiered stem"), Error);
+  // the pool survives a round trip through a model file's config
+  CHECK(ModelConfig::from_json(ModelConfig::load(test::source_dir() + "/tests/data/tiny_stem4_config.json").to_json()).stem.pool ==
+        StemPool::StridedConv3);
 }
 
 TEST_CASE("Network::infer writes identity blocks' outputs over their inputs, never over the caller's") {

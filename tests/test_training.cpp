@@ -291,6 +291,16 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   fs::create_directory_symlink("..", dots + "/up");
   CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"), doctest::Contains("a symbolic link leads from one class folder"), Error);
   fs::remove(dots + "/up");
+  // a link to one image of another class (before: counted for both)
+  fs::create_symlink(dir.path + "/train/bars/000.png", dots + "/bar.png");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
+                       doctest::Contains((dots + "/bar.png is a symbolic link to " + fs::canonical(dir.path).string() +
+                                          "/train/bars/000.png, an image of class folder 'bars'").c_str()),
+                       Error);
+  fs::remove(dots + "/bar.png");
+  fs::create_symlink(dots + "/000.png", dots + "/same_class.png");  // a link within the class is fine
+  CHECK(open_dataset(dir.path, "train")->size() == 14);
+  fs::remove(dots + "/same_class.png");
   CHECK(open_dataset(dir.path, "train")->size() == 13);
   // hidden entries are not data: a notebook's checkpoint folder was a class ("holds no images", or one
   // with no test folder), macOS's "._name.png" an image that does not decode; .jfif/.jpe/.dib are images

@@ -16,8 +16,9 @@ the same bytes. The cases:
   with randomised weights and BatchNorm statistics: param.* (timm names, running statistics *before*
   the training step), input, logits_eval, then one training step: labels, logits_train, loss,
   grad.<param> and after_train_step.<running stat>.
-- tiny_stem4_32x32: the same for tests/data/tiny_stem4_config.json, whose tiered stem has no pool and so
-  strides conv3 as well (timm's stem_pool='', as in resnet32ts): param.*, input, logits_eval.
+- tiny_stem4_32x32: the same for tests/data/tiny_stem4_config.json, whose tiered stem has no pool and
+  strides conv3 instead ("pool": "conv3"; timm's stem_pool='', as in resnet32ts): param.*, input,
+  logits_eval.
 
 To keep the files small, the tiny model's parameters and input are drawn, then rounded to float16 values
 and stored as F16 (lossless: the model computes with exactly those values in float32); every result,

@@ -26,8 +26,9 @@ namespace relpos {
 
 // "tiered": 3x3/2 -> 3x3 -> 3x3 convolutions to 3c/8, c/2, c channels; "conv": one kxk convolution.
 enum class StemType : std::uint8_t { Tiered, Conv };
-// "maxpool": a 3x3/2 max pool with padding 1 after the stem's convolutions; "none".
-enum class StemPool : std::uint8_t { None, MaxPool };
+// "maxpool": a 3x3/2 max pool with padding 1 after the stem's convolutions; "none"; "conv3" (tiered
+// stems only): no pool, conv3 strides 2 instead (timm's tiered stem with stem_pool='', as resnet32ts).
+enum class StemPool : std::uint8_t { None, MaxPool, StridedConv3 };
 // "bottle": a ResNet bottleneck; "self_attn": BoTNet global attention; "sasa": k x k local attention.
 enum class BlockType : std::uint8_t { Bottle, SelfAttn, Sasa };
 // The names the config files use (parse_* throws relpos::Error listing the known names).
@@ -42,7 +43,7 @@ struct StemConfig {
   StemType type = StemType::Tiered;
   int chs = 64;
   int kernel = 3;  // "conv" stem only
-  int stride = 2;  // the conv's; "tiered": 2 (conv1 strides) or, without a pool, 4 (conv1 and conv3)
+  int stride = 2;  // "conv" stem only ("tiered": conv1 strides 2, and conv3 with pool "conv3")
   StemPool pool = StemPool::MaxPool;
   bool operator==(const StemConfig& o) const;
 };

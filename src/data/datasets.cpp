@@ -205,6 +205,17 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
       labels_.push_back(class_of[f]);
     }
   }
+  // so can a link to one image: its target's folder, if a class's, must be the link's class's
+  for (std::size_t k = 0; k < files_.size(); ++k) {
+    std::error_code ec;
+    if (!fs::is_symlink(files_[k], ec)) continue;
+    const fs::path target = fs::canonical(files_[k], ec);
+    if (ec) continue;  // reading it will say what is wrong
+    const auto o = owner.find(target.parent_path().string());
+    RELPOS_CHECK(o == owner.end() || class_of[o->second.first] == labels_[static_cast<std::size_t>(k)],
+                 root << ": " << files_[k] << " is a symbolic link to " << target.string() << ", an image of class folder '"
+                      << folders[o->second.first] << "'; each image must belong to one class");
+  }
 }
 
 cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files_[i]); }

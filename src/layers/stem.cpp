@@ -12,8 +12,9 @@ Stem::Stem(const StemConfig& cfg, int in_chans, Act act) {
     const int c = cfg.chs;
     convs_.emplace_back("conv1", std::make_unique<ConvNormAct>(in_chans, 3 * c / 8, 3, 2, 1, act));
     convs_.emplace_back("conv2", std::make_unique<ConvNormAct>(3 * c / 8, c / 2, 3, 1, 1, act));
-    convs_.emplace_back("conv3", std::make_unique<ConvNormAct>(c / 2, c, 3, cfg.stride == 4 ? 2 : 1, 1, act));
+    convs_.emplace_back("conv3", std::make_unique<ConvNormAct>(c / 2, c, 3, cfg.pool == StemPool::StridedConv3 ? 2 : 1, 1, act));
   } else {
+    RELPOS_CHECK(cfg.pool != StemPool::StridedConv3, "stem: pool \"conv3\" needs a tiered stem");
     // timm: a single-conv stem is the ConvNormAct itself (stem.conv.weight, stem.bn.*)
     convs_.emplace_back("", std::make_unique<ConvNormAct>(in_chans, cfg.chs, cfg.kernel, cfg.stride, 1, act));
   }

@@ -35,7 +35,7 @@ using Reader = detail::JsonReader;
 
 constexpr EnumName<StemType> kStemTypes[] = {{StemType::Tiered, "tiered"}, {StemType::Conv, "conv"}};
 constexpr EnumName<StemPool> kStemPools[] = {
-    {StemPool::MaxPool, "maxpool"}, {StemPool::None, "none"}, {StemPool::None, ""}};
+    {StemPool::MaxPool, "maxpool"}, {StemPool::None, "none"}, {StemPool::None, ""}, {StemPool::StridedConv3, "conv3"}};
 constexpr EnumName<BlockType> kBlockTypes[] = {
     {BlockType::Bottle, "bottle"}, {BlockType::SelfAttn, "self_attn"}, {BlockType::Sasa, "sasa"}};
 
@@ -100,17 +100,14 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.stem.kernel = s.int_in("kernel", c.stem.kernel, 1, 15);
     c.stem.stride = s.int_in("stride", c.stem.stride, 1, 4);
     c.stem.pool = s.enum_in("pool", c.stem.pool, kStemPools);
-    if (c.stem.type == StemType::Tiered) {
-      // timm's tiered stem without a pool strides in conv3 as well (resnet32ts, sebotnet33ts_256);
-      // relpos until 2026-11 read such a stem as striding in conv1 only, so the key is required there
-      RELPOS_CHECK(c.stem.pool != StemPool::None || s.has("stride"),
-                   "model config: stem: a tiered stem without a pool needs \"stride\": 4 strides conv1 and conv3 "
-                   "(timm's layout, as timm's resnet32ts and resnet33ts), 2 only conv1 (how relpos read such a stem "
-                   "before stride was asked for)");
-      RELPOS_CHECK(c.stem.stride == 2 || (c.stem.stride == 4 && c.stem.pool == StemPool::None),
-                   "model config: stem: a tiered stem's stride is 2 (conv1), or 4 without a pool (conv1 and conv3), got "
-                       << c.stem.stride << (c.stem.pool == StemPool::None ? "" : " with a max pool"));
-    }
+    // timm's tiered stem without a pool strides in conv3 ("conv3"); relpos's "none" never did, and
+    // keeps its meaning in files written before "conv3" was (which older relpos refuses, not misreads)
+    RELPOS_CHECK(c.stem.pool != StemPool::StridedConv3 || c.stem.type == StemType::Tiered,
+                 "model config: stem: \"pool\": \"conv3\" (conv3 strides instead of a pool) needs a tiered stem");
+    // timm's spelling of no pool means a strided conv3 on a tiered stem: say which is meant
+    RELPOS_CHECK(c.stem.type != StemType::Tiered || !s.has("pool") || s.get<std::string>("pool", "x") != "",
+                 "model config: stem: \"pool\": \"\" on a tiered stem: write \"conv3\" for timm's tiered stem without a "
+                 "pool (conv3 strides 2, as timm's stem_pool='' in resnet32ts) or \"none\" (no stride there)");
     s.done();
   }
   const json& stages = r.raw("stages");
@@ -155,8 +152,8 @@ json ModelConfig::to_json() const {
   j["input_size"] = {input_size[0], input_size[1]};
   j["act"] = to_string(act);
   j["zero_init_last"] = zero_init_last;
-  j["stem"] = {{"type", to_string(stem.type)}, {"chs", stem.chs}, {"stride", stem.stride}, {"pool", to_string(stem.pool)}};
-  if (stem.type == StemType::Conv) j["stem"]["kernel"] = stem.kernel;
+  j["stem"] = {{"type", to_string(stem.type)}, {"chs", stem.chs}, {"pool", to_string(stem.pool)}};
+  if (stem.type == StemType::Conv) j["stem"]["kernel"] = stem.kernel, j["stem"]["stride"] = stem.stride;
   j["self_attn"] = self_attn_json(self_attn);
   j["sasa"] = sasa_json(sasa);
   json stages_j = json::array();
@@ -240,7 +237,7 @@ ModelConfig::Estimate ModelConfig::estimate() const {
   } else {
     conv(in_chans, c, stem.kernel, 1);
   }
-  const double reduction = stem.stride * (stem.pool == StemPool::None ? 1.0 : 2.0);
+  const double reduction = (stem.type == StemType::Tiered ? 2.0 : stem.stride) * (stem.pool == StemPool::None ? 1.0 : 2.0);
   // an odd side rounds up at each stride 2, as the layers compute it (Network's shape walk)
   double fh = std::max(1.0, std::ceil(H0 / reduction)), fw = std::max(1.0, std::ceil(W0 / reduction));
   peak = std::max(peak, (in_chans + c) * H0 * W0);

@@ -104,15 +104,16 @@ def build(cfg_json):
     stem = c["stem"]
     h, w = c["input_size"]
     pool = stem.get("pool", "maxpool")
-    pool = "" if pool in ("", "none") else pool
     if stem.get("type", "tiered") == "tiered":
         # timm's tiered stem strides 4 in all: conv1 and its pool, or conv1 and conv3 without one
-        if stem.get("stride", 2) != (2 if pool else 4):
-            raise ValueError("timm's tiered stem strides conv3 exactly when it has no pool (relpos: stride 4)")
+        if pool in ("", "none"):
+            raise ValueError("timm's tiered stem without a pool strides conv3 (relpos: \"pool\": \"conv3\")")
+        pool = "" if pool == "conv3" else pool
         stem_type, img_size = "tiered", (h, w)
     else:
         # timm's single-conv stems stride 2; build with one and swap in the relpos stem, sizing the
         # attention tables for the feature maps the swapped stem gives.
+        pool = "" if pool in ("", "none") else pool
         stem_type = ""
         s = stem.get("stride", 2)
         img_size = (h * 2 // s, w * 2 // s)

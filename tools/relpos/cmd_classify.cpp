@@ -28,7 +28,8 @@ struct ClassifyArgs {
   std::optional<std::string> shard;  // "K/N"
 };
 
-// "K/N" with 1 <= K <= N: this run takes the inputs whose position in the sorted list is K-1 mod N.
+// "K/N" with 1 <= K <= N: this run takes the images whose position among the inputs (in the order
+// given, a folder's images sorted) is K-1 mod N.
 std::pair<std::size_t, std::size_t> parse_shard(const std::string& text) {
   std::size_t k = 0, n = 0;
   char slash = 0, extra = 0;
