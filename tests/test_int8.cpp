@@ -445,6 +445,20 @@ TEST_CASE("int8 models round-trip through the weights JSON and safetensors") {
   CHECK(Model::load(dir.file("f.json")).network().int8_layers().empty());
 }
 
+TEST_CASE("the first layer is quantized for a black pixel even when calibration saw only bright ones") {
+  relpos::test::TempDir dir;
+  Model m = tiny_model(9);
+  std::vector<Tensor> bright = random_batches(2, 4, 3);
+  for (Tensor& b : bright) b = abs_of(b).channels_last();  // no negative input: before, the stem took u8
+  const QuantizeReport r = quantize(m, bright, {});
+  REQUIRE(r.layers.front().name == "stem");
+  CHECK(r.layers.front().input_signed);
+  // a black pixel is (0 - 0.5) / 0.25 = -2: inside the range, not clipped to 0
+  CHECK(r.layers.front().input_scale >= 2.0f / 127.0f);
+  m.save_json(dir.file("q.json"));
+  CHECK(Model::load(dir.file("q.json")).network().int8_layers().front().input_signed);
+}
+
 TEST_CASE("int8 bad input: errors name the problem") {
   relpos::test::TempDir dir;
   Model m = tiny_model(5);
@@ -484,6 +498,12 @@ TEST_CASE("int8 bad input: errors name the problem") {
   auto range = j;
   range["tensors"]["stem.conv.weight"]["data"][0] = -128;
   CHECK_THROWS_WITH_AS(Model::load(write(range, "d.json")), doctest::Contains("[-127, 127]"), Error);
+  // the first layer in u8, while the preprocessing gives negative values (before: every one read as 0)
+  auto u8stem = j;
+  u8stem["quantization"]["layers"]["stem"]["input"] = "u8";
+  CHECK_THROWS_WITH_AS(Model::load(write(u8stem, "u.json")),
+                       doctest::Contains("the int8 layer stem takes u8 input (never negative), but this preprocessing"),
+                       Error);
   auto scale = j;
   scale["tensors"]["stem.conv.input_scale"]["data"][0] = 0.0;
   CHECK_THROWS_WITH_AS(Model::load(write(scale, "e.json")), doctest::Contains("input_scale"), Error);

@@ -13,6 +13,7 @@
 #include "io/atomic_file.hpp"
 #include "io/json_reader.hpp"
 #include "io/weights_file.hpp"
+#include "quant/activation_range.hpp"
 #include "relpos/error.hpp"
 #include "relpos/safetensors.hpp"
 
@@ -44,6 +45,14 @@ void Model::set_preprocess(const Preprocess& p) {
                "preprocess.input_size [" << p.height << ", " << p.width << "] does not fit " << c.name << ", which takes "
                                          << c.input_size[0] << "x" << c.input_size[1]
                                          << " input (its position tables fix the feature size)");
+  // An int8 first layer that takes u8 (its calibration never saw a negative input) turns every
+  // negative value this preprocessing gives into 0: answers, but wrong ones.
+  const std::vector<std::string> order = network_.quantizable_layers();
+  for (const Int8Layer& l : network_.int8_layers())
+    RELPOS_CHECK(order.empty() || l.name != order.front() || l.input_signed || detail::lowest_input(p) >= 0.0f,
+                 "the int8 layer " << l.name << " takes u8 input (never negative), but this preprocessing gives values "
+                                   << "down to " << detail::lowest_input(p)
+                                   << " (-mean / std); quantize the float model with this preprocessing instead");
   preprocess_ = p;
 }
 

@@ -3,12 +3,23 @@
 // percentile and MSE methods need it).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "relpos/preprocess.hpp"
 #include "relpos/quantize.hpp"
 
 namespace relpos::detail {
+
+// The lowest value a preprocessing gives the network (a black pixel's: -mean / std, over the
+// channels): what the first layer must be able to take, whatever calibration saw.
+inline float lowest_input(const Preprocess& p) {
+  float lowest = 0.0f;
+  for (int c = 0; c < p.in_chans(); ++c)
+    lowest = std::min(lowest, -p.mean[static_cast<std::size_t>(c)] / p.std[static_cast<std::size_t>(c)]);
+  return lowest;
+}
 
 class ActivationRange {
  public:

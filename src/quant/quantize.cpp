@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/ops_internal.hpp"
 #include "core/runtime_internal.hpp"
 #include "io/json_reader.hpp"
 #include "layers/activation_observer.hpp"
@@ -136,6 +137,13 @@ QuantizeReport quantize(Model& model, const std::vector<Tensor>& calibration, co
     l.input_max = r.max();
     l.input_signed = r.is_signed();
     l.input_scale = r.scale(options.method, options.percentile);
+    // the first layer takes the preprocessed image: a black pixel gives its lowest value, seen in
+    // calibration or not (a few bright images would make it u8, and every dark pixel 0)
+    if (n == names.front() && !l.input_signed && detail::lowest_input(model.preprocess()) < 0.0f) {
+      l.input_signed = true;
+      const float t = std::max(r.threshold(options.method, options.percentile), -detail::lowest_input(model.preprocess()));
+      l.input_scale = ops::usable_int8_scale(t / 127.0f) ? t / 127.0f : 1.0f;
+    }
     l.int8 = keep.count(n) == 0;
     if (l.int8) chosen.push_back({n, l.input_scale, l.input_signed});
     report.layers.push_back(l);
