@@ -3,6 +3,7 @@
 #pragma once
 
 #include <limits>
+
 #include "core/op_cache.hpp"
 #include "core/runtime_internal.hpp"
 #include "relpos/attention_ops.hpp"
@@ -105,13 +106,13 @@ struct Int8ConvWeights {
   float input_scale = 1.0f;
   bool input_signed = false;
 };
-// An activation quantized for an int8 layer: u8 (or s8) values stored N, H, W, C, x = q * scale.
-// It passes between two int8 layers without a float32 copy (its bytes live in a float32 Tensor's
-// storage, so the caching allocator serves it).
 // A scale an int8 layer can work with: a positive normal float (a subnormal one's inverse is
 // infinite), below 1e30. NaN is not.
 inline bool usable_int8_scale(float s) { return s >= std::numeric_limits<float>::min() && s < 1e30f; }
 
+// An activation quantized for an int8 layer: u8 (or s8) values stored N, H, W, C, x = q * scale.
+// It passes between two int8 layers without a float32 copy (its bytes live in a float32 Tensor's
+// storage, so the caching allocator serves it).
 struct QuantizedTensor {
   Tensor storage;
   Shape shape;  // (N, C, H, W)
