@@ -598,6 +598,7 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
   r = run_cli("info " + dir.file("q.json"));
   CHECK(r.status == 0);
   CHECK(r.out.find("int8 (u8 in)") != std::string::npos);
+  CHECK(r.out.find("MiB as loaded (int8 weights a byte each") != std::string::npos);  // before: float32's only
   r = run_cli("classify -m " + dir.file("q.json") + " " + dir.file("pat") + "/test -q");
   CHECK(r.status == 0);
   r = run_cli("bench -m " + dir.file("q.json") + " --batch 1 --warmup 0 --iters 1");

@@ -60,6 +60,13 @@ void run(const InfoArgs& a) {
     std::cout << std::setprecision(1) << "memory estimate: " << e.param_bytes / (1 << 20) << " MiB of parameters + "
               << e.working_bytes / (1 << 20) << " MiB working set per image (checked against RELPOS_MAX_MODEL_GB, "
               << "default 16 GiB, before a network is built)\n";
+    // an int8 model's weights take a byte each where the estimate counts float32 ones
+    if (!net.int8_layers().empty()) {
+      double bytes = 0.0;
+      for (const ParamRef& p : net.params()) bytes += static_cast<double>(p.value->numel()) * (p.int8 ? 1.0 : 4.0);
+      std::cout << "int8 model: " << net.int8_layers().size() << " int8 layers; its tensors take " << bytes / (1 << 20)
+                << " MiB as loaded (int8 weights a byte each; the estimate above counts float32)\n";
+    }
   }
   std::cout << "preprocessing: " << model.preprocess().describe() << "\n";
   std::cout << "as flags: " << preprocess_flags(model.preprocess()) << "\n";
