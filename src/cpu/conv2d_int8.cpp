@@ -105,7 +105,7 @@ std::shared_ptr<Int8Plan> make_plan(const Geometry& g, const ops::Int8ConvWeight
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                       src_md, wany, bmd, dst_md, strides, pad_l, pad_r);
     plan->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
-    if (add_f32) skip_amx_1x1_with_binary(plan->pd);
+    if (add_f32) skip_amx_1x1_with_binary(plan->pd);  // while `d` lives: next_impl() reads it
     plan->has_bias = true;
     plan->bias = arena_memory(bmd, plan->held_bias);
     // oneDNN 2.x adds the bias to the accumulator before the output scales: dst = scale * (acc +

@@ -127,6 +127,7 @@ QuantizeReport quantize(Model& model, const std::vector<Tensor>& calibration, co
     }
   }
   std::vector<Int8Layer> chosen;
+  const float lowest = detail::lowest_input(model.preprocess());  // what the first layer takes at least
   for (const std::string& n : names) {
     LayerQuantization l;
     l.name = n;
@@ -139,9 +140,9 @@ QuantizeReport quantize(Model& model, const std::vector<Tensor>& calibration, co
     l.input_scale = r.scale(options.method, options.percentile);
     // the first layer takes the preprocessed image: a black pixel gives its lowest value, seen in
     // calibration or not (a few bright images would make it u8, and every dark pixel 0)
-    if (n == names.front() && !l.input_signed && detail::lowest_input(model.preprocess()) < 0.0f) {
+    if (n == names.front() && !l.input_signed && lowest < 0.0f) {
       l.input_signed = true;
-      const float t = std::max(r.threshold(options.method, options.percentile), -detail::lowest_input(model.preprocess()));
+      const float t = std::max(r.threshold(options.method, options.percentile), -lowest);
       l.input_scale = ops::usable_int8_scale(t / 127.0f) ? t / 127.0f : 1.0f;
     }
     l.int8 = keep.count(n) == 0;

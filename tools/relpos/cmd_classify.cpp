@@ -1,9 +1,10 @@
 // relpos classify: top-k classes of images and folders of images.
-#include <optional>
-#include <cstdio>
 #include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <iomanip>
 #include <iostream>
@@ -119,13 +120,11 @@ void run(const ClassifyArgs& a) {
   for (std::size_t start = 0; start < files.size(); start += static_cast<std::size_t>(a.batch)) {
     const std::size_t end = std::min(files.size(), start + static_cast<std::size_t>(a.batch));
     auto t0 = Clock::now();
-    std::vector<std::string> names;
     std::vector<Tensor> inputs;
     std::vector<std::optional<std::string>> why(end - start);  // an unreadable image's error, by its place
     for (std::size_t i = start; i < end; ++i) {
       try {
         inputs.push_back(make_batch({read_image(files[i])}, pre));
-        names.push_back(files[i]);
       } catch (const std::exception& e) {
         why[i - start] = e.what();
         ++failed;
@@ -147,11 +146,11 @@ void run(const ClassifyArgs& a) {
     }
     bar.finish();
     for (std::size_t i = start, r = 0; i < end; ++i) {
-      if (!why[i - start]) print_result(a, names[r], preds[r]), ++r;
+      if (!why[i - start]) print_result(a, files[i], preds[r++]);
       else report_error(a, files[i], *why[i - start]);
     }
     std::cout.flush();
-    done += names.size();
+    done += inputs.size();
     bar.update(end, files.size());
   }
   bar.finish();
