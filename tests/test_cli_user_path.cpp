@@ -116,6 +116,23 @@ TEST_CASE("convert keeps the preprocessing and labels it read; info prints them 
   for (const auto& [k, v] : b) CHECK(a.at(k) == doctest::Approx(v).epsilon(1e-5));
 }
 
+TEST_CASE("--crop-pct is read as a double, as timm's: 0.8 at 256 resizes to 320, the same as the model file saying 0.8") {
+  // A float 0.8 is 0.800000011920929, and floor(256 / that) is 319: one pixel off timm's resize.
+  test::TempDir d;
+  json cfg = json::parse(std::ifstream(find_config("botnet26t_256")));
+  cfg["preprocess"]["crop_pct"] = 0.8;
+  std::ofstream(d.file("cp08.json")) << cfg.dump();
+  const auto from_file = cli_logits("-m " + d.file("cp08.json"), photo(), 1000);
+  const auto from_flag = cli_logits("-m botnet26t_256 --crop-pct 0.8", photo(), 1000);
+  CHECK(from_flag == from_file);
+  // convert writes what was typed, and info prints it back the same
+  REQUIRE(run_cli("convert botnet26t_256 " + d.file("out.json") + " --crop-pct 0.8").status == 0);
+  const json written = json::parse(std::ifstream(d.file("out.json")));
+  CHECK(written["preprocess"]["crop_pct"].get<double>() == 0.8);
+  const auto info = run_cli("info " + d.file("out.json") + " --no-layers", true);
+  CHECK(info.out.find("--crop-pct 0.8 ") != std::string::npos);
+}
+
 TEST_CASE("--mean and --std take one value or one per channel; anything else is a usage error naming the flag") {
   const std::string fm = "classify -m " + src("models/botnet-fmnist.json") + " ";
   const std::string img = src("samples/bag_00018.png");

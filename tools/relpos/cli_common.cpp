@@ -190,7 +190,7 @@ void PreprocessOptions::add(CLI::App* app) {
       ->excludes(crop_flag);
   app->add_option("--crop-pct", crop_pct, "timm's crop_pct: resize to size / crop_pct, then crop")
       ->group(g)
-      ->check(CLI::Range(0.01f, 1.0f));
+      ->check(CLI::Range(0.01, 1.0));
   app->add_option("--crop-mode", crop_mode, "timm's crop_mode: center, squash or border")
       ->group(g)
       ->check(CLI::IsMember({"center", "squash", "border"}));
@@ -272,6 +272,17 @@ std::string shortest(float v) {
   return os.str();
 }
 
+std::string shortest(double v) {
+  for (int digits = 6; digits < 17; ++digits) {
+    std::ostringstream os;
+    os << std::setprecision(digits) << v;
+    if (std::stod(os.str()) == v) return os.str();
+  }
+  std::ostringstream os;
+  os << std::setprecision(17) << v;
+  return os.str();
+}
+
 std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -308,7 +319,7 @@ std::string preprocess_flags(const Preprocess& p) {
   const int c = p.in_chans();
   os << "--width " << p.width << " --height " << p.height;
   if (p.channels != ChannelOrder::Gray) os << (p.channels == ChannelOrder::RGB ? " --rgb" : " --bgr");
-  if (p.crop) os << " --crop --crop-mode " << to_string(p.crop_mode) << " --crop-pct " << p.crop_pct;
+  if (p.crop) os << " --crop --crop-mode " << to_string(p.crop_mode) << " --crop-pct " << shortest(p.crop_pct);
   else os << " --no-crop";
   os << " --interpolation " << to_string(p.interpolation) << " --scale " << shortest(p.scale) << " --mean ";
   // pixel units, to 7 digits (the float mean times the float scale is the model's mean to within

@@ -68,7 +68,8 @@ struct ModelOptions {
 struct PreprocessOptions {
   std::optional<int> width, height;
   std::optional<std::string> mean, std;  // "X" or "X,Y,Z"
-  std::optional<float> scale, crop_pct;
+  std::optional<float> scale;
+  std::optional<double> crop_pct;  // double, as timm's (a float 0.8 would floor 256 / 0.8 to 319, not 320)
   std::optional<bool> rgb, crop;
   std::optional<std::string> interpolation, crop_mode, tta;
   std::string labels;
@@ -85,6 +86,8 @@ CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 
 // The shortest decimal that reads back as the same float ("0.001", not "0.00").
 std::string shortest(float v);
+// The shortest decimal that reads back as the same double.
+std::string shortest(double v);
 // "1 epoch", "3 epochs".
 std::string count_text(long n, const std::string& noun);
 // s padded with spaces to `columns` characters (UTF-8 code points, not bytes: "café" as "cafe"); longer
