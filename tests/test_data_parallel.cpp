@@ -46,11 +46,13 @@ std::string train_args(const TempDir& d, int batch, const std::string& out) {
          "/data -b " + std::to_string(batch) + " --threads 1 --epochs 2 --max-steps 6 --seed 3 --lr 0.05 -q -o " + out;
 }
 
-std::map<std::string, std::vector<float>> weights(const std::string& checkpoint) {
+// The checkpoint's "model." tensors (and those under `also`, when given).
+std::map<std::string, std::vector<float>> weights(const std::string& checkpoint, const std::string& also = "") {
   std::map<std::string, std::vector<float>> w;
   const relpos::SafetensorsFile f = relpos::SafetensorsFile::read(checkpoint);
   for (const auto& e : f.entries())
-    if (e.name.rfind("model.", 0) == 0) w[e.name] = f.tensor(e.name).to_vector();
+    if (e.name.rfind("model.", 0) == 0 || (!also.empty() && e.name.rfind(also, 0) == 0))
+      w[e.name] = f.tensor(e.name).to_vector();
   return w;
 }
 
@@ -188,17 +190,54 @@ TEST_CASE("without --sync-bn, checkpoints inside an epoch do not change the run"
   // a checkpoint after every step (each averages the running statistics into the file) against none
   // inside the epochs: the same weights and statistics at the end, bit for bit (each checkpoint used to
   // leave every process the mean, so when the clock made one changed the run)
-  REQUIRE(sh(mpirun(2, kSharedMemory) + train_args(d, 16, d.path + "/none") + " > " + d.file("a.log") + " 2>&1") == 0);
-  REQUIRE(sh(mpirun(2, kSharedMemory) + train_args(d, 16, d.path + "/each") + " --checkpoint-every 0.000001 > " +
+  // (with the weight average, whose running statistics are averaged as the network's)
+  REQUIRE(sh(mpirun(2, kSharedMemory) + train_args(d, 16, d.path + "/none") + " --ema-decay 0.9 > " + d.file("a.log") +
+             " 2>&1") == 0);
+  REQUIRE(sh(mpirun(2, kSharedMemory) + train_args(d, 16, d.path + "/each") + " --ema-decay 0.9 --checkpoint-every 0.000001 > " +
              d.file("b.log") + " 2>&1") == 0);
-  const auto a = weights(d.path + "/none/checkpoint.safetensors"), b = weights(d.path + "/each/checkpoint.safetensors");
+  const auto a = weights(d.path + "/none/checkpoint.safetensors", "ema.");
+  const auto b = weights(d.path + "/each/checkpoint.safetensors", "ema.");
   REQUIRE(a.size() == b.size());
-  int running = 0;
+  int running = 0, averaged = 0;
   for (const auto& entry : a) {
     const std::string& name = entry.first;
     CAPTURE(name);
     running += name.find("running_mean") != std::string::npos;
+    averaged += name.rfind("ema.", 0) == 0;
     CHECK(entry.second == b.at(name));
   }
   CHECK(running > 0);
+  CHECK(averaged > 0);
+}
+
+TEST_CASE("without --sync-bn, the logged test score is the saved model's, with and without the weight average") {
+  if (!can_run()) return;
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 43, 20);
+  // the processes' mean running statistics are what is saved; the evaluation after each epoch used
+  // to fold each process's own into its weights first (and the average's were never averaged)
+  for (const std::string ema : {"", " --ema-decay 0.9"}) {
+    CAPTURE(ema);
+    const std::string out = d.path + (ema.empty() ? "/plain" : "/ema");
+    REQUIRE(sh(mpirun(2, kSharedMemory) + std::string(RELPOS_CLI_PATH) + " train -c " + relpos::test::tiny_rgb_config() +
+               " --data " + d.path + "/data -b 4 --threads 1 --epochs 2 --seed 4 --lr 0.1 -q -o " + out + ema + " > " +
+               d.file("log.txt") + " 2>&1") == 0);
+    std::istringstream log(slurp(out + "/log.csv"));
+    std::string header, row;
+    std::getline(log, header);
+    for (std::string line; std::getline(log, line);) row = line;  // the last epoch's
+    REQUIRE(header.find("test_loss,test_acc") != std::string::npos);
+    std::vector<std::string> cells;
+    std::istringstream r(row);
+    for (std::string c; std::getline(r, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() >= 8);
+    const double logged = std::stod(cells[6]);
+    REQUIRE(sh(std::string(RELPOS_CLI_PATH) + " eval --threads 1 -q --json -m " + out + "/model.json --data " + d.path +
+               "/data > " + d.file("eval.json")) == 0);
+    const std::string ev = slurp(d.file("eval.json"));
+    const auto at = ev.find("\"loss\":");
+    REQUIRE(at != std::string::npos);
+    const double evaluated = std::stod(ev.substr(at + 7));
+    CHECK(std::fabs(logged - evaluated) <= 1e-5 * std::max(1.0, std::fabs(evaluated)));
+  }
 }

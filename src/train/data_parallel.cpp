@@ -124,16 +124,10 @@ void DataParallel::allgather(const double* mine, std::size_t n, double* all) { g
 
 std::string DataParallel::synchronize_state() {
   if (group_.size() == 1 || !net_) return "";
-  if (!sync_bn_) {  // each process kept its own running statistics: their mean
-    for (const ParamRef& p : net_->params()) {
-      if (p.grad) continue;
-      std::vector<float> v = p.value->to_vector();
-      std::vector<double> d(v.begin(), v.end());
-      group_.allreduce_sum(d.data(), d.size());
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(d[i] / group_.size());
-      p.value->copy_from(Tensor::from_vector(p.value->shape(), v).to_layout(p.value->layout()));
-    }
-  }
+  std::vector<Tensor*> statistics;  // each process kept its own running statistics: their mean
+  for (const ParamRef& p : net_->params())
+    if (!p.grad) statistics.push_back(p.value);
+  average_statistics(statistics);
   std::uint64_t h = 0xcbf29ce484222325ull;
   each_state_tensor(*net_, *optimizer_, [&](Tensor& t) {
     const Tensor host = t.to(Device::CPU);
@@ -149,6 +143,17 @@ std::string DataParallel::synchronize_state() {
   });
   return "processes " + differ + " disagreed with process 0 on the weights or optimizer state; process 0's "
          "were copied to all";
+}
+
+void DataParallel::average_statistics(const std::vector<Tensor*>& tensors) {
+  if (group_.size() == 1 || sync_bn_) return;
+  for (Tensor* t : tensors) {
+    std::vector<float> v = t->to_vector();
+    std::vector<double> d(v.begin(), v.end());
+    group_.allreduce_sum(d.data(), d.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(d[i] / group_.size());
+    t->copy_from(Tensor::from_vector(t->shape(), v).to_layout(t->layout()));
+  }
 }
 
 std::vector<Tensor> DataParallel::own_statistics() const {

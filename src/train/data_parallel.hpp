@@ -55,6 +55,10 @@ class DataParallel : public BatchNormSync {
   // statistics are averaged; the processes' weights and optimizer state are checked to agree bit
   // for bit. Returns a warning ("" if none) when they did not and rank 0's were copied to all.
   std::string synchronize_state();
+  // Without sync_bn in a run of several processes (collective; nothing otherwise): each tensor
+  // becomes its mean over the processes. For the weight average's running statistics, which each
+  // process averages from its own.
+  void average_statistics(const std::vector<Tensor*>& tensors);
   // Without sync_bn in a run of several processes: copies of this process's batch-norm running
   // statistics, which synchronize_state replaces by the processes' mean (empty otherwise); and
   // putting them back.

@@ -497,7 +497,11 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   const double run_before = prog.run_seconds;
   auto last_save = Clock::now();
   // One model on every process; a warning when they had drifted apart (rank 0's copied to all).
+  // The weight average's running statistics: each process averages its own, so (without sync-BN)
+  // they are made the processes' mean with the network's, so that what is evaluated is what is saved.
+  const auto ema_statistics = [&] { return ema ? ema->statistics(net) : std::vector<Tensor*>{}; };
   const auto synchronize = [&] {
+    dp.average_statistics(ema_statistics());
     const std::string drift = dp.synchronize_state();
     if (drift.empty()) return;
     TrainEvent ev;
@@ -601,12 +605,20 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
         // the checkpoint holds the processes' mean running statistics; the run goes on with each
         // its own, so that when checkpoints fall (by the clock) does not change the run
         const std::vector<Tensor> own = dp.own_statistics();
+        std::vector<Tensor> own_ema;
+        if (!own.empty())
+          for (Tensor* t : ema_statistics()) own_ema.push_back(t->clone());
         save();
         dp.restore_statistics(own);
+        const std::vector<Tensor*> ema_now = ema_statistics();
+        for (std::size_t i = 0; i < own_ema.size(); ++i) ema_now[i]->copy_from(own_ema[i]);
       }
     }
     train_seconds = result.step_seconds;
     net.release_saved();
+    // the processes' mean statistics first: prepare_inference folds them into the evaluated
+    // weights (the checkpoint below checks again)
+    synchronize();
     net.prepare_inference();
     EpochLog e;
     e.epoch = prog.epoch + 1;
@@ -615,7 +627,6 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     e.train_acc = prog.correct / std::max(1.0, prog.seen);
     e.seconds = prog.seconds;
     e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
-    synchronize();  // before the evaluation (the checkpoint below checks again)
     const Model& scored = scored_model();
     if (val_data) {
       const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);

@@ -32,6 +32,15 @@ void WeightEma::copy_to(Network& net) const {
   for (std::size_t i = 0; i < params.size(); ++i) params[i].value->copy_from(avg_[i].second);
 }
 
+std::vector<Tensor*> WeightEma::statistics(const Network& net) {
+  const auto& params = net.params();
+  RELPOS_CHECK(params.size() == avg_.size(), "EMA: the network changed");
+  std::vector<Tensor*> out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!params[i].grad) out.push_back(&avg_[i].second);
+  return out;
+}
+
 void WeightEma::load_state(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& source) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : state) by_name[name] = &t;

@@ -20,6 +20,8 @@ class WeightEma {
   void update(const Network& net);
   // Writes the averaged weights into a network of the same config.
   void copy_to(Network& net) const;
+  // The averages of net's tensors that have no gradient (the batch-norm running statistics).
+  std::vector<Tensor*> statistics(const Network& net);
   float decay() const { return decay_; }
   // For checkpoints: (name, tensor) pairs under the network's names.
   const std::vector<std::pair<std::string, Tensor>>& state() const { return avg_; }
