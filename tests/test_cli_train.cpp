@@ -10,6 +10,9 @@
 #include <sstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "relpos/safetensors.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -203,8 +206,13 @@ TEST_CASE("a second run into the folder a run is writing is refused, even with -
     INFO(slurp(d.file(log)));
     CHECK(slurp(d.file(log)).find(out + ": another training run is writing to this output folder") != std::string::npos);
   }
-  // once the first run has stopped, the folder is free again
-  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --max-steps 1 -q > /dev/null 2>&1") == 0);
+  // once the first run has stopped, the folder is free again (one more step than the checkpoint's)
+  const long step = nlohmann::json::parse(
+                        relpos::SafetensorsFile::read(out + "/checkpoint.safetensors").metadata().at("relpos.progress"))
+                        .at("step")
+                        .get<long>();
+  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --max-steps " + std::to_string(step + 1) +
+           " -q > /dev/null 2>&1") == 0);
 }
 
 TEST_CASE("a run killed with SIGKILL resumes from its last checkpoint and finishes") {
@@ -345,4 +353,63 @@ TEST_CASE("a run stopped at an epoch's last batch and resumed logs the rate that
   };
   CHECK(column(d.path + "/parts/log.csv", 1) == column(d.path + "/whole/log.csv", 1));  // lr
   CHECK(column(d.path + "/parts/log.csv", 2) == column(d.path + "/whole/log.csv", 2));  // train loss
+}
+
+TEST_CASE("a resume from another file than the folder's latest checkpoint, or to a --max-steps already passed, is refused") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);  // 3 classes x 8, a fifth for validation
+  const std::string out = d.path + "/run";
+  REQUIRE(sh(train_cmd(d, out, 3, 4) + " --val-split 0.2 -q > " + d.file("log") + " 2>&1") == 0);
+  REQUIRE(fs::exists(out + "/best.safetensors"));
+  const std::string checkpoint = slurp(out + "/checkpoint.safetensors"), log_csv = slurp(out + "/log.csv");
+  // best.safetensors is an earlier epoch's checkpoint: going on from it in this folder would write
+  // over the latest checkpoint and log.csv (the epochs after it lost)
+  CHECK(sh(cli() + " train --resume " + out + "/best.safetensors --epochs 4 -q > " + d.file("log2") + " 2>&1") == 1);
+  const std::string said = slurp(d.file("log2"));
+  INFO(said);
+  CHECK(said.find("its folder holds the run's latest checkpoint, " + out + "/checkpoint.safetensors") != std::string::npos);
+  CHECK(slurp(out + "/checkpoint.safetensors") == checkpoint);
+  CHECK(slurp(out + "/log.csv") == log_csv);
+  // a copy in a folder of its own goes on from there
+  fs::create_directories(d.path + "/branch");
+  fs::copy_file(out + "/best.safetensors", d.path + "/branch/best.safetensors");
+  CHECK(sh(cli() + " train --resume " + d.path + "/branch/best.safetensors --epochs 4 -q > " + d.file("log3") + " 2>&1") == 0);
+  CHECK(fs::exists(d.path + "/branch/model.json"));
+  // --max-steps at or below the checkpoint's step: an error, not one more step
+  CHECK(sh(cli() + " train --resume " + out + "/checkpoint.safetensors --epochs 4 --max-steps 2 -q > " + d.file("log4") +
+           " 2>&1") == 1);
+  CHECK(slurp(d.file("log4")).find("--max-steps 2 would stop before it") != std::string::npos);
+  CHECK(slurp(out + "/checkpoint.safetensors") == checkpoint);
+}
+
+TEST_CASE("stderr a pipe whose reader went away: the run goes on and saves everything, exit 0 (not SIGPIPE's 141)") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 16, 4);
+  const std::string out = d.path + "/run";
+  std::vector<std::string> args = {cli(), "train", "-c", relpos::test::tiny_rgb_config(), "--data", d.path + "/data",
+                                   "-b", "8", "--threads", "1", "--epochs", "2", "-o", out};
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  close(fds[0]);  // no reader from the start: the first progress line meets a broken pipe
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[1]);
+    std::signal(SIGPIPE, SIG_DFL);  // as in a login shell, whatever the test runner set
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  INFO("signalled " << WIFSIGNALED(st) << " by " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(fs::exists(out + "/model.json"));
+  CHECK(csv_rows(out + "/log.csv") == 2);
 }

@@ -212,6 +212,18 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     opts.out = fs::path(resume).parent_path().string();
     if (opts.out.empty()) opts.out = ".";
     std::error_code ec;
+    // The run goes on in the checkpoint's folder, over its checkpoint.safetensors and log.csv: from
+    // another file there (best.safetensors, a copy of an earlier checkpoint) that would rewind the
+    // run and lose the epochs after it.
+    const fs::path latest = fs::path(opts.out) / "checkpoint.safetensors";
+    RELPOS_CHECK(!fs::exists(latest, ec) || fs::equivalent(latest, resume, ec),
+                 resume << ": its folder holds the run's latest checkpoint, " << latest.string()
+                        << ", which resuming from this file would write over (with log.csv), losing the "
+                           "epochs after it. Resume from that one, or copy this file into a new folder "
+                           "and resume from the copy there");
+    RELPOS_CHECK(opts.max_steps == 0 || opts.max_steps > prog.step,
+                 resume << ": the checkpoint stands at step " << prog.step << " already; --max-steps "
+                        << opts.max_steps << " would stop before it (give a larger one)");
     RELPOS_CHECK(!is_folder_data(opts.data) || fs::is_directory(opts.data, ec),
                  resume << ": the run's data folder '" << opts.data << "' is not there"
                         << (fs::path(opts.data).is_relative() ? " (from the current folder)" : ""));

@@ -28,9 +28,6 @@ std::atomic<int> g_signal{0};  // the signal that asked the run to stop
 extern "C" void on_signal(int sig) {
   if (g_stop.exchange(true)) _exit(128 + sig);  // a second Ctrl-C: leave at once
   g_signal.store(sig);
-  // after a hang-up, the terminal or the pipe that read stderr may be gone: a write to a pipe without a
-  // reader must not kill the process before its checkpoint is written
-  if (sig == SIGHUP) std::signal(SIGPIPE, SIG_IGN);
   const char msg[] = "\nrelpos: stopping after this step; saving a checkpoint (Ctrl-C again to quit now)\n";
   const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
   (void)ignored;
@@ -83,6 +80,10 @@ struct AbandonOnError {
 };
 
 void run(TrainArgs a) {
+  // What training prints goes to stderr, which may be a pipe whose reader goes away (| tee killed,
+  // | less quit, an ssh session dropped): a write to it must not kill the run (SIGPIPE, exit 141)
+  // between checkpoints. Ignored, the write fails and the run goes on, still saving its files.
+  std::signal(SIGPIPE, SIG_IGN);
   // first: under mpirun this joins MPI and picks this process's GPU before any CUDA work
   const TrainProcesses procs = train_processes();
   const AbandonOnError abandon_on_error;
