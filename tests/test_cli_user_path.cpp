@@ -133,6 +133,34 @@ TEST_CASE("--crop-pct is read as a double, as timm's: 0.8 at 256 resizes to 320,
   CHECK(info.out.find("--crop-pct 0.8 ") != std::string::npos);
 }
 
+TEST_CASE("--config on a file that carries its own preprocessing or labels: the same is accepted, a different one refused") {
+  test::TempDir d;
+  REQUIRE(run_cli("convert botnet26t_256 " + d.file("m.safetensors")).status == 0);
+  REQUIRE(run_cli("convert botnet26t_256 " + d.file("m.json")).status == 0);
+  json cfg = json::parse(std::ifstream(find_config("botnet26t_256")));
+  cfg["preprocess"]["crop_pct"] = 0.8;
+  std::ofstream(d.file("cp08.json")) << cfg.dump();
+  cfg = json::parse(std::ifstream(find_config("botnet26t_256")));
+  json labels = json::array();
+  for (int i = 0; i < 1000; ++i) labels.push_back("X" + std::to_string(i));
+  cfg["labels"] = labels;
+  std::ofstream(d.file("labels.json")) << cfg.dump();
+  for (const char* file : {"m.safetensors", "m.json"}) {
+    CAPTURE(file);
+    const std::string m = "classify -q -m " + d.file(file) + " --config ";
+    CHECK(run_cli(m + "botnet26t_256 " + photo()).status == 0);  // the same settings: fine
+    // the config's crop_pct was dropped without a word, and the file's used
+    auto r = run_cli(m + d.file("cp08.json") + " " + photo());
+    CHECK(r.status == 1);
+    CHECK(r.out.find("the file carries its own preprocessing, whose crop_pct (0.95) differs from --config") !=
+          std::string::npos);
+    r = run_cli(m + d.file("labels.json") + " " + photo());
+    CHECK(r.status == 1);
+    CHECK(r.out.find("the file carries its own labels, which differ from --config") != std::string::npos);
+    CHECK(r.out.find("class 0 is 'tench, Tinca tinca' in the file, 'X0' in the config") != std::string::npos);
+  }
+}
+
 TEST_CASE("--mean and --std take one value or one per channel; anything else is a usage error naming the flag") {
   const std::string fm = "classify -m " + src("models/botnet-fmnist.json") + " ";
   const std::string img = src("samples/bag_00018.png");

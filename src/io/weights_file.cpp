@@ -172,6 +172,35 @@ void check_config_agrees(const ModelConfig& own, const ModelConfig& given, const
                                                                    << "'); --config is for files without one, such "
                                                                       "as timm checkpoints");
 }
+
+// The preprocessing and labels a file lacks come from --config; ones it has stay, and a --config
+// that says otherwise is an error (it was silently dropped: the file's crop_pct or labels were used).
+void take_config_extras(ModelFile& fc, ModelFile& given, const std::string& config) {
+  if (fc.preprocess && given.preprocess) {
+    const json a = fc.preprocess->to_json(), b = given.preprocess->to_json();
+    for (auto it = a.begin(); it != a.end(); ++it)
+      RELPOS_CHECK(b.contains(it.key()) && b.at(it.key()) == it.value(),
+                   "the file carries its own preprocessing, whose " << it.key() << " (" << it.value().dump()
+                                                                   << ") differs from --config " << config << "'s ("
+                                                                   << (b.contains(it.key()) ? b.at(it.key()).dump() : "none")
+                                                                   << "); --config does not change a file's "
+                                                                      "preprocessing: give the preprocessing flags "
+                                                                      "(relpos convert writes them into a file)");
+  }
+  if (!fc.labels.empty() && !given.labels.empty() && fc.labels != given.labels) {
+    std::size_t i = 0;
+    while (i < fc.labels.size() && i < given.labels.size() && fc.labels[i] == given.labels[i]) ++i;
+    std::ostringstream at;
+    if (i < fc.labels.size() && i < given.labels.size())
+      at << "class " << i << " is '" << fc.labels[i] << "' in the file, '" << given.labels[i] << "' in the config";
+    else
+      at << fc.labels.size() << " labels in the file, " << given.labels.size() << " in the config";
+    RELPOS_FAIL("the file carries its own labels, which differ from --config " << config << "'s (" << at.str()
+                                                                               << "); give --labels to change them");
+  }
+  if (!fc.preprocess) fc.preprocess = given.preprocess;
+  if (fc.labels.empty()) fc.labels = std::move(given.labels);
+}
 }  // namespace
 
 ModelFile read_safetensors_weights(const std::string& path, const std::string& config) {
@@ -208,8 +237,7 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
       fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
     }
     // the config may carry the preprocessing and labels its weights were trained with
-    if (!fc.preprocess) fc.preprocess = shipped.preprocess;
-    if (fc.labels.empty()) fc.labels = std::move(shipped.labels);
+    take_config_extras(fc, shipped, config);
   } catch (const json::exception& e) {
     RELPOS_FAIL(path << ": bad relpos metadata (" << e.what() << ")");
   } catch (const Error& e) {
@@ -331,11 +359,10 @@ ModelFile read_weights_file(const std::string& path, const std::string& config) 
     ModelFile c = read_config_file(config);
     try {
       check_config_agrees(fc.config, c.config, config);
+      take_config_extras(fc, c, config);
     } catch (const Error& e) {
       RELPOS_FAIL(path << ": " << e.what());
     }
-    if (!fc.preprocess) fc.preprocess = c.preprocess;
-    if (fc.labels.empty()) fc.labels = std::move(c.labels);
   }
   return fc;
 }
