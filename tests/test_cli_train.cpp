@@ -413,3 +413,27 @@ TEST_CASE("stderr a pipe whose reader went away: the run goes on and saves every
   CHECK(fs::exists(out + "/model.json"));
   CHECK(csv_rows(out + "/log.csv") == 2);
 }
+
+TEST_CASE("--save replaces only a relpos model file, and takes .json or .safetensors") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 4, 2);
+  const std::string image = d.path + "/data/train/bars/000.png", bytes = slurp(image);
+  std::ofstream(d.file("config.json")) << slurp(relpos::test::tiny_rgb_config());
+  // a training image, a config and a file of another kind were replaced by the model, without a word
+  for (const std::string& target : {image, d.file("config.json")}) {
+    CAPTURE(target);
+    CHECK(sh(train_cmd(d, d.path + "/r1", 1, 4) + " --save " + target + " -q > " + d.file("log") + " 2>&1") != 0);
+    CHECK(slurp(d.file("log")).find(target + ": ") != std::string::npos);
+  }
+  CHECK(slurp(image) == bytes);
+  CHECK(slurp(d.file("config.json")) == slurp(relpos::test::tiny_rgb_config()));
+  CHECK(sh(train_cmd(d, d.path + "/r2", 1, 4) + " --overwrite --save " + d.file("m.txt") + " -q > " + d.file("log") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log")).find("give a file name with one of these extensions") != std::string::npos);
+  CHECK(!fs::exists(d.file("m.txt")));
+  // an earlier model is replaced, as a compiler's -o replaces its output
+  for (const char* name : {"m.json", "m.safetensors"}) {
+    CAPTURE(name);
+    REQUIRE(sh(train_cmd(d, d.path + "/a_" + name, 1, 4) + " --save " + d.file(name) + " -q > /dev/null 2>&1") == 0);
+    CHECK(sh(train_cmd(d, d.path + "/b_" + name, 1, 4) + " --save " + d.file(name) + " -q > " + d.file("log") + " 2>&1") == 0);
+  }
+}

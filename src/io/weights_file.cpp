@@ -347,6 +347,20 @@ ModelFileKind model_file_kind(const std::string& path) {
   RELPOS_FAIL(path << ": empty file");
 }
 
+bool is_relpos_model_file(const std::string& path) {
+  try {
+    if (model_file_kind(path) == ModelFileKind::Safetensors) {
+      const auto& meta = SafetensorsFile::read(path).metadata();
+      const auto it = meta.find("relpos.format");
+      return it != meta.end() && it->second == "relpos-weights";
+    }
+    const json j = read_json_file(path);
+    return j.is_object() && j.contains("format") && j["format"] == kFormat;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 ModelFile read_weights_file(const std::string& path, const std::string& config) {
   const ModelFileKind kind = model_file_kind(path);
   RELPOS_CHECK(kind != ModelFileKind::Config,

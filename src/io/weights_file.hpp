@@ -22,6 +22,11 @@ enum class ModelFileKind { WeightsJson, Config, Safetensors };
 // a directory, empty, JSON that is neither a weights file nor a config).
 ModelFileKind model_file_kind(const std::string& path);
 
+// True for a model file relpos wrote (weights JSON, or safetensors whose metadata says
+// relpos-weights), which --save may replace; false for anything else (a config, a timm
+// checkpoint, an image, a training checkpoint) or a file that cannot be read.
+bool is_relpos_model_file(const std::string& path);
+
 struct ModelFile {
   ModelConfig config;
   std::vector<std::string> labels;

@@ -21,6 +21,7 @@
 #include "data/dataset_subset.hpp"
 #include "io/atomic_file.hpp"
 #include "io/json_reader.hpp"
+#include "io/weights_file.hpp"
 #include "relpos/error.hpp"
 #include "relpos/ops.hpp"
 #include "train/checkpoint.hpp"
@@ -287,6 +288,15 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       const fs::path parent = fs::path(opts.save).parent_path().empty() ? fs::path(".") : fs::path(opts.save).parent_path();
       RELPOS_CHECK(fs::is_directory(parent, ec), opts.save << ": cannot save the model there (no folder " << parent.string() << ")");
       RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
+      // the model is written as its extension says; a file already there is replaced only when it is a
+      // relpos model (an image, a config or a timm checkpoint there would be lost)
+      const std::string ext = fs::path(opts.save).extension().string();
+      RELPOS_CHECK(ext == ".json" || ext == ".safetensors",
+                   opts.save << ": --save writes relpos weights JSON (.json) or safetensors (.safetensors); "
+                                "give a file name with one of these extensions");
+      RELPOS_CHECK(!fs::exists(opts.save, ec) || detail::is_relpos_model_file(opts.save),
+                   opts.save << ": is there and is not a relpos model file; --save replaces only those (give "
+                                "another file name, or remove it first)");
       check_writable_folder(parent.string(), "the folder of the model file");
     }
     // A run killed while writing leaves "<file>.tmp.<pid>" behind; the file itself is intact.
