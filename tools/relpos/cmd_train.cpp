@@ -219,7 +219,7 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--overwrite", a->opt.overwrite, "Let a new run replace an earlier run's results in the output folder");
   sub->add_option("--save", a->opt.save,
-                  "Also write the trained model (relpos weights JSON) here; remembered by --resume");
+                  "Also write the trained model here (FILE.json: relpos weights JSON, FILE.safetensors; replaces only a relpos model file); remembered by --resume");
   sub->add_option("--workers", a->opt.workers, "Data loader threads")
       ->check(at_least_one("--workers", "data loader threads"))->capture_default_str();
   a->run.add(sub);
