@@ -584,6 +584,31 @@ TEST_CASE("a checkpoint with missing or impossible progress is an error naming t
   p = with_progress("b.safetensors", "epoch", -5);
   CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains((p + ": damaged checkpoint: progress epoch -5").c_str()),
                        Error);
+  // values as written (they wrapped: batch 18446744073709551613, epoch -2147483648), and beyond the run
+  p = with_progress("b2.safetensors", "batch_in_epoch", -3);
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p),
+                       doctest::Contains((p + ": damaged checkpoint: progress batch_in_epoch -3").c_str()), Error);
+  p = with_progress("b3.safetensors", "epoch", 1e12);
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains("progress epoch is 1000000000000.0, not a whole number"),
+                       Error);
+  p = with_progress("b4.safetensors", "epoch", 5);
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains("progress epoch 5 of a run of 1 epochs"), Error);
+  p = with_progress("b5.safetensors", "step", 99999999);
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains("progress step 99999999 after 1 epochs"), Error);
+  // training options that would silently fall back to defaults, or cannot train
+  const auto with_options = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    return damaged(name, [&](auto& meta) {
+      nlohmann::json oj = nlohmann::json::parse(meta.at("relpos.train_options"));
+      edit(oj);
+      meta["relpos.train_options"] = oj.dump();
+    });
+  };
+  p = with_options("o1.safetensors", [](nlohmann::json& oj) { oj.erase("epochs"); });
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p),
+                       (p + ": damaged checkpoint: no 'epochs' in its training options (relpos.train_options)").c_str(), Error);
+  p = with_options("o2.safetensors", [](nlohmann::json& oj) { oj["batch"] = 0; });
+  CHECK_THROWS_WITH_AS(load_checkpoint_model(p), doctest::Contains((p + ": damaged checkpoint: training options").c_str()),
+                       Error);
   // a batch beyond the epoch's end is found when the run resumes on its data
   p = with_progress("c.safetensors", "batch_in_epoch", 1000000000);
   Model r = Model::create(test::tiny_rgb_config(), 5);

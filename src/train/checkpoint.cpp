@@ -187,12 +187,34 @@ Checkpoint load_checkpoint(const std::string& path) {
     const ModelConfig config = ModelConfig::from_json(json::parse(entry("relpos.config")));
     const auto labels = json::parse(entry("relpos.labels")).get<std::vector<std::string>>();
     const Preprocess pre = Preprocess::from_json(json::parse(entry("relpos.preprocess")), default_preprocess(config));
-    c.options = TrainOptions::from_json(json::parse(entry("relpos.train_options")));
+    const json oj = json::parse(entry("relpos.train_options"));
+    // keys every checkpoint has had: without them the run would silently take defaults (10 epochs,
+    // Fashion-MNIST) that are not its own
+    for (const char* key : {"data", "epochs", "batch", "lr"})
+      RELPOS_CHECK(oj.is_object() && oj.contains(key),
+                   path << ": damaged checkpoint: no '" << key << "' in its training options (relpos.train_options)");
+    c.options = TrainOptions::from_json(oj);
+    RELPOS_CHECK(c.options.epochs >= 1 && c.options.batch >= 2,
+                 path << ": damaged checkpoint: training options epochs " << c.options.epochs << ", batch " << c.options.batch
+                      << " (relpos.train_options)");
     const json pj = json::parse(entry("relpos.progress"));
-    c.progress.epoch = pj.at("epoch").get<int>();
-    c.progress.batch_in_epoch = pj.at("batch_in_epoch").get<std::size_t>();
-    c.progress.step = pj.at("step").get<long>();
-    c.optimizer_steps = pj.at("optimizer_steps").get<long>();
+    // as wide integers, so that a damaged value is reported as written rather than wrapped
+    const auto count = [&](const char* key) {
+      const json& v = pj.at(key);
+      RELPOS_CHECK(v.is_number_integer(), path << ": damaged checkpoint: progress " << key << " is " << v.dump()
+                                                << ", not a whole number (relpos.progress)");
+      const long long n = v.get<long long>();
+      RELPOS_CHECK(n >= 0 && n <= (1LL << 50), path << ": damaged checkpoint: progress " << key << " " << n
+                                                    << " (relpos.progress)");
+      return n;
+    };
+    const long long epoch = count("epoch");
+    RELPOS_CHECK(epoch <= c.options.epochs, path << ": damaged checkpoint: progress epoch " << epoch << " of a run of "
+                                                 << c.options.epochs << " epochs (relpos.progress)");
+    c.progress.epoch = static_cast<int>(epoch);
+    c.progress.batch_in_epoch = static_cast<std::size_t>(count("batch_in_epoch"));
+    c.progress.step = static_cast<long>(count("step"));
+    c.optimizer_steps = static_cast<long>(count("optimizer_steps"));
     c.progress.loss_sum = pj.at("loss_sum").get<double>();
     c.progress.correct = pj.at("correct").get<double>();
     c.progress.seen = pj.at("seen").get<double>();
@@ -206,6 +228,11 @@ Checkpoint load_checkpoint(const std::string& path) {
     c.progress.threads = pj.value("threads", 0);
     c.progress.data_fingerprint = pj.value("data_fingerprint", std::string());
     c.progress.data_images = pj.value("data_images", 0L);
+    // every step takes at least one of the run's images
+    RELPOS_CHECK(c.progress.data_images <= 0 ||
+                     c.progress.step <= (c.progress.epoch + 1) * c.progress.data_images,
+                 path << ": damaged checkpoint: progress step " << c.progress.step << " after " << c.progress.epoch
+                      << " epochs of " << c.progress.data_images << " images (relpos.progress)");
     RELPOS_CHECK(c.progress.threads >= 0 && c.progress.threads <= 1024,
                  path << ": damaged checkpoint: " << c.progress.threads << " threads in its progress");
     RELPOS_CHECK(c.progress.epoch >= 0 && c.progress.step >= 0 && c.optimizer_steps >= 0 &&
