@@ -342,6 +342,19 @@ TEST_CASE("malformed safetensors files fail with a message naming the problem") 
                          doctest::Contains("unknown tensor 'stages.9.extra.weight'"), Error);
   }
   {
+    // another architecture (timm's final_conv before a wider head): the layers it has that the config
+    // lacks are named, not the head's shape (a side effect of them)
+    auto bad = ts;
+    for (auto& [name, t] : bad)
+      if (name == "head.fc.weight") t = Tensor::zeros({t.shape()[0], t.shape()[1] * 2});
+    bad.emplace_back("final_conv.conv.weight", Tensor::zeros({4, 4, 1, 1}));
+    bad.emplace_back("final_conv.bn.weight", Tensor::zeros({4}));
+    write_safetensors(dir.file("final_conv.safetensors"), bad, meta);
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("final_conv.safetensors")),
+                         doctest::Contains("unknown tensors 'final_conv.bn.weight', 'final_conv.conv.weight' (not parameters of"),
+                         Error);
+  }
+  {
     auto bad = ts;
     const std::string gone = bad.back().first;
     bad.pop_back();

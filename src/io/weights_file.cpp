@@ -489,18 +489,7 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
   std::vector<std::string> missing;
   for (const ParamRef& p : net.params()) {
     known.insert(p.name);
-    auto it = given.find(p.name);
-    if (it == given.end()) {
-      missing.push_back(p.name);
-      continue;
-    }
-    RELPOS_CHECK(it->second->shape() == p.value->shape(),
-                 source << ": tensor '" << p.name << "' has shape " << to_string(it->second->shape()) << " but "
-                        << net.config().name << " needs " << to_string(p.value->shape()));
-    if (int8_tensors)
-      RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0),
-                   source << ": tensor '" << p.name << "' is " << (p.int8 ? "not stored as int8" : "stored as int8")
-                          << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
+    if (!given.count(p.name)) missing.push_back(p.name);
   }
   if (!missing.empty()) {
     // the tensor under a prefix (a training checkpoint's state_dict. or state_dict_ema., flattened)
@@ -509,16 +498,42 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
       if (entry.first.size() > missing.front().size() &&
           entry.first.compare(entry.first.size() - missing.front().size() - 1, std::string::npos, "." + missing.front()) == 0)
         prefixed = entry.first;
-    RELPOS_FAIL(source << ": missing tensor '" << missing.front() << "'"
-                       << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string())
-                       << (prefixed.empty() ? ""
-                                            : "; the file has '" + prefixed + "': its names carry the prefix '" +
-                                                  prefixed.substr(0, prefixed.size() - missing.front().size()) +
-                                                  "', which relpos does not strip (only DistributedDataParallel's 'module.')"));
+    RELPOS_CHECK(prefixed.empty(), source << ": missing tensor '" << missing.front() << "'"
+                                          << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string())
+                                          << "; the file has '" << prefixed << "': its names carry the prefix '"
+                                          << prefixed.substr(0, prefixed.size() - missing.front().size())
+                                          << "', which relpos does not strip (only DistributedDataParallel's 'module.')");
   }
-  for (const auto& [name, t] : given)
-    RELPOS_CHECK(known.count(name), source << ": unknown tensor '" << name << "' (not a parameter of "
-                                           << net.config().name << ")");
+  // Tensors the config has no place for say first that the file is of another architecture (timm's
+  // final_conv, a squeeze-excitation's fc1, a halo or lambda layer): a shape or missing-tensor
+  // error further down would name a side effect of that.
+  std::vector<std::string> unknown;
+  for (const auto& entry : given)
+    if (!known.count(entry.first)) unknown.push_back(entry.first);
+  if (!unknown.empty()) {
+    std::ostringstream names;
+    for (std::size_t i = 0; i < unknown.size() && i < 3; ++i) names << (i ? ", '" : "'") << unknown[i] << "'";
+    RELPOS_FAIL(source << ": unknown tensor" << (unknown.size() > 1 ? "s " : " ") << names.str()
+                       << (unknown.size() > 3 ? " (and " + std::to_string(unknown.size() - 3) + " more)" : std::string())
+                       << " (not " << (unknown.size() > 1 ? "parameters" : "a parameter") << " of " << net.config().name
+                       << (missing.empty() ? ")"
+                                           : "; and it lacks '" + missing.front() + "'" +
+                                                 (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : std::string()) +
+                                                 "): the file holds another architecture, or layers relpos does not have"));
+  }
+  for (const ParamRef& p : net.params()) {
+    auto it = given.find(p.name);
+    if (it == given.end()) continue;
+    RELPOS_CHECK(it->second->shape() == p.value->shape(),
+                 source << ": tensor '" << p.name << "' has shape " << to_string(it->second->shape()) << " but "
+                        << net.config().name << " needs " << to_string(p.value->shape()));
+    if (int8_tensors)
+      RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0),
+                   source << ": tensor '" << p.name << "' is " << (p.int8 ? "not stored as int8" : "stored as int8")
+                          << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
+  }
+  RELPOS_CHECK(missing.empty(), source << ": missing tensor '" << missing.front() << "'"
+                                       << (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string()));
   // A NaN or an infinity in a float tensor is a corrupt file or a diverged run: the network would
   // answer anyway (the convolutions' fused ReLU turns NaN into 0), so it is refused here, by name.
   for (const ParamRef& p : net.params()) {
