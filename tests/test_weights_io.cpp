@@ -342,6 +342,24 @@ TEST_CASE("malformed safetensors files fail with a message naming the problem") 
                          doctest::Contains("unknown tensor 'stages.9.extra.weight'"), Error);
   }
   {
+    // a timm checkpoint (no relpos metadata) under a config with a tiered stem without any pool: timm's
+    // tiered stems stride 4, this one 2, and the same tensors loaded and answered wrongly
+    json cfg = json::parse(std::ifstream(test::source_dir() + "/tests/data/tiny_stem4_config.json"));
+    cfg["stem"]["pool"] = "none";
+    std::ofstream(dir.file("stem_none.json")) << cfg.dump();
+    const Model m = Model::create(dir.file("stem_none.json"), 3);
+    m.save_safetensors(dir.file("with_meta.safetensors"));
+    const SafetensorsFile w = SafetensorsFile::read(dir.file("with_meta.safetensors"));
+    std::vector<std::pair<std::string, Tensor>> plain;
+    for (const auto& e : w.entries()) plain.emplace_back(e.name, w.tensor(e.name));
+    write_safetensors(dir.file("timm_like.safetensors"), plain, {{"format", "pt"}});
+    LoadOptions lo;
+    lo.config = dir.file("stem_none.json");
+    CHECK_THROWS_WITH_AS(Model::load(dir.file("timm_like.safetensors"), lo),
+                         doctest::Contains("has a tiered stem with \"pool\": \"none\""), Error);
+    CHECK_NOTHROW(Model::load(dir.file("with_meta.safetensors")));  // relpos's own file: its own layout
+  }
+  {
     // another architecture (timm's final_conv before a wider head): the layers it has that the config
     // lacks are named, not the head's shape (a side effect of them)
     auto bad = ts;

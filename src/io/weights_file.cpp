@@ -214,6 +214,13 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
       if (!config.empty()) check_config_agrees(fc.config, shipped.config, config);
     } else if (!config.empty()) {
       fc.config = shipped.config;
+      // A file without relpos's metadata is timm's (or PyTorch's under timm's names), and timm's tiered
+      // stems always stride 4: "none" strides 2, so its weights would load and answer wrongly
+      RELPOS_CHECK(!(fc.config.stem.type == StemType::Tiered && fc.config.stem.pool == StemPool::None),
+                   "--config " << config << " has a tiered stem with \"pool\": \"none\" (relpos's own layout, "
+                              "which timm cannot build), but this file holds no relpos config: a timm checkpoint. "
+                              "timm's tiered stem pools with \"maxpool\" or, with stem_pool='' (resnet32ts, "
+                              "resnet33ts), strides conv3: \"conv3\" (docs/config.md)");
     } else {
       RELPOS_FAIL("this safetensors file holds no model config (a timm checkpoint?); name the architecture (a config "
                   "file or a shipped name such as botnet26t_256) with --config, or LoadOptions::config in C++");
