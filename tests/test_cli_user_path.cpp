@@ -199,6 +199,15 @@ TEST_CASE("a missing model file, a directory or a broken config: one sentence na
   r = run_cli("eval -m " + d.path + " --data " + d.path);
   CHECK(r.status == 1);
   CHECK(r.out.find(d.path + ": is a directory") != std::string::npos);
+  // a folder in the working folder named as a shipped model (a run's output, say) does not hide it;
+  // one named as no shipped model is still the error
+  fs::create_directories(d.path + "/botnet-fmnist");
+  fs::create_directories(d.path + "/no-such-model");
+  r = run_cli("classify -q -m botnet-fmnist " + img, false, "-C " + d.path);
+  CHECK(r.status == 0);
+  r = run_cli("classify -q -m no-such-model " + img, false, "-C " + d.path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("no-such-model: is a directory") != std::string::npos);
   std::ofstream(d.file("cfg.json")) << R"({"name": "x", "stages": []})";
   r = run_cli("train --config " + d.file("cfg.json") + " --data fashion-mnist --epochs 1 --out " + d.file("run"));
   CHECK(r.status == 1);

@@ -189,9 +189,10 @@ Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string path = path_or_name;
-  if (!fs::exists(path, ec)) {
-    // not a file: the name of a shipped model or config (models/<name>.json), else an error
-    const bool looks_like_path = path.find('/') != std::string::npos || path.find('.') != std::string::npos;
+  const bool looks_like_path = path.find('/') != std::string::npos || path.find('.') != std::string::npos;
+  if (!fs::exists(path, ec) || (!looks_like_path && fs::is_directory(path, ec))) {
+    // not a file: the name of a shipped model or config (models/<name>.json), else an error (a folder
+    // of that name stays the error it is when there is no such shipped model)
     RELPOS_CHECK(!looks_like_path, path << ": no such file");
     path = find_config(path_or_name);
   }
@@ -204,7 +205,9 @@ Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
 bool holds_weights(const std::string& path_or_name) {
   std::error_code ec;
   // as open(): a file, else the name of a shipped model or config
-  const std::string path = std::filesystem::exists(path_or_name, ec) ? path_or_name : find_config(path_or_name);
+  const std::string path = std::filesystem::exists(path_or_name, ec) && !std::filesystem::is_directory(path_or_name, ec)
+                               ? path_or_name
+                               : find_config(path_or_name);
   return detail::model_file_kind(path) != detail::ModelFileKind::Config;
 }
 

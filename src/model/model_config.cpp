@@ -196,8 +196,12 @@ std::string models_dir() {
 
 std::string find_config(const std::string& path_or_name) {
   namespace fs = std::filesystem;
-  if (fs::exists(path_or_name)) return path_or_name;
   const std::string shipped = models_dir() + "/" + path_or_name + ".json";
+  std::error_code ec;
+  // a folder named as a shipped model in the working folder (say a training run's output) does not
+  // hide the shipped one; a file of that name does (it is what the user has there)
+  if (fs::exists(path_or_name, ec) && !(fs::is_directory(path_or_name, ec) && fs::is_regular_file(shipped, ec)))
+    return path_or_name;
   RELPOS_CHECK(fs::exists(shipped), "model config '" << path_or_name << "' is neither a file nor a config in "
                                                      << models_dir());
   return shipped;
