@@ -2,6 +2,8 @@
 // classes taken from the data, and the classifier replaced (or cut down) when they differ.
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <sstream>
 #ifndef RELPOS_NO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -98,6 +100,10 @@ TEST_CASE("train takes the class count from the data: a config with another num_
         std::string::npos);
   const Model m = Model::load(d.path + "/run/model.json");
   CHECK(m.network().config().num_classes == 3);
+  // the run's first line counted the 5-output classifier: the note gives the count the run trains
+  std::ostringstream now;
+  now << std::fixed << std::setprecision(2) << static_cast<double>(m.network().num_params()) / 1e6 << " M parameters now";
+  CHECK(r.out.find(now.str()) != std::string::npos);
   CHECK(m.labels() == std::vector<std::string>{"bars", "columns", "dots"});
 }
 

@@ -1,5 +1,6 @@
 // Fine-tuning: a model made to fit a dataset's classes (labels, and a new classifier when needed).
 #include <algorithm>
+#include <iomanip>
 #include <sstream>
 
 #include "core/name_list.hpp"
@@ -84,6 +85,9 @@ std::string fit_to_data(Model& model, const std::vector<std::string>& data_class
     for (std::size_t c = 0; c < labels.size(); ++c) labels[c] = model.labels()[static_cast<std::size_t>(row_of[c])];
   model = Model(std::move(net), std::move(labels), model.preprocess());
   model.to(device);
+  // the run's first line counted the old classifier's parameters
+  what << "; " << std::fixed << std::setprecision(2) << static_cast<double>(model.network().num_params()) / 1e6
+       << " M parameters now";
   return what.str();
 }
 
