@@ -357,9 +357,9 @@ ModelFileKind model_file_kind(const std::string& path) {
 bool is_relpos_model_file(const std::string& path) {
   try {
     if (model_file_kind(path) == ModelFileKind::Safetensors) {
-      const auto& meta = SafetensorsFile::read(path).metadata();
-      const auto it = meta.find("relpos.format");
-      return it != meta.end() && it->second == "relpos-weights";
+      const SafetensorsFile f = SafetensorsFile::read(path);
+      const auto it = f.metadata().find("relpos.format");
+      return it != f.metadata().end() && it->second == "relpos-weights";
     }
     const json j = read_json_file(path);
     return j.is_object() && j.contains("format") && j["format"] == kFormat;
