@@ -17,6 +17,7 @@
 #include "relpos/model.hpp"
 #include "relpos/optim.hpp"
 #include "relpos/runtime.hpp"
+#include "relpos/version.hpp"
 #include "cli_run.hpp"
 #include "test_util.hpp"
 
@@ -54,6 +55,12 @@ TEST_CASE("public headers hold no internals and include only public headers") {
     CHECK(found);
   }
   CHECK(headers >= 10);
+}
+
+TEST_CASE("version: the library's is the headers' and the project's") {
+  CHECK(relpos::version() == RELPOS_VERSION_STRING);
+  CHECK(relpos::version() == std::to_string(RELPOS_VERSION_MAJOR) + "." + std::to_string(RELPOS_VERSION_MINOR) + "." +
+                                 std::to_string(RELPOS_VERSION_PATCH));
 }
 
 TEST_CASE("Model::open takes a weights file, a config file or a shipped config's name") {

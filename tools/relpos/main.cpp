@@ -10,6 +10,7 @@
 #include "cli_common.hpp"
 #include "relpos/error.hpp"
 #include "relpos/runtime.hpp"
+#include "relpos/version.hpp"
 
 namespace {
 // The subcommand the user named (the deepest one parsed), or the app itself.
@@ -46,7 +47,7 @@ int with_output_checked(int status) {
 int main(int argc, char** argv) {
   CLI::App app{"relpos: image classification with 2D relative-position self-attention (BoTNet, SASA)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "relpos 0.1.0");
+  app.set_version_flag("--version", "relpos " + relpos::version());  // the library's, as it runs
   // The library's messages (skipped images, ...) on their own line, clear of a progress bar.
   const bool tty = isatty(STDERR_FILENO) != 0;
   relpos::set_log_handler([tty](const std::string& message) {
