@@ -15,11 +15,11 @@
 
 #include <array>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "relpos/attention_ops.hpp"
+#include "relpos/json_abi.hpp"  // nlohmann/json, as librelpos was built with it
 #include "relpos/ops.hpp"
 
 namespace relpos {

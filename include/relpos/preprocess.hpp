@@ -12,12 +12,12 @@
 
 #include <array>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "relpos/json_abi.hpp"  // nlohmann/json, as librelpos was built with it
 #include "relpos/tensor.hpp"
 
 namespace relpos {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "relpos/data.hpp"
+#include "relpos/json_abi.hpp"  // nlohmann/json, as librelpos was built with it
 #include "relpos/model.hpp"
 #include "relpos/optim.hpp"
 
