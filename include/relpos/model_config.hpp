@@ -120,8 +120,11 @@ struct ModelConfig {
   void check_memory() const;
 };
 
-// Where shipped models live: $RELPOS_MODELS, else the source tree's models/ folder, else
-// models/ next to the executable's parent folder.
+// Where shipped models live, the first that exists of: $RELPOS_MODELS; <prefix>/share/relpos/models
+// beside the installed shared library (found wherever the prefix was moved); for a program in
+// relpos's build tree, the source tree's models/; the configured install location
+// (CMAKE_INSTALL_PREFIX, which is how a static library's consumers find them: move the prefix and
+// set RELPOS_MODELS); the source tree's models/; models/ in or beside the executable's folder.
 std::string models_dir();
 // The file a config argument names: the path itself, or models_dir()/<name>.json.
 std::string find_config(const std::string& path_or_name);

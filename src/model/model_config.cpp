@@ -171,19 +171,47 @@ json ModelConfig::to_json() const {
   return j;
 }
 
+namespace {
+// Whether `file` lies under `dir` (both made absolute and without symlinks where they exist).
+bool lies_under(const std::filesystem::path& file, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path f = fs::weakly_canonical(file, ec);
+  if (ec) return false;
+  const fs::path d = fs::weakly_canonical(dir, ec);
+  if (ec) return false;
+  auto fi = f.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++fi) {
+    if (di->empty()) continue;  // the trailing "" of a path ending in '/'
+    if (fi == f.end() || *fi != *di) return false;
+  }
+  return true;
+}
+}  // namespace
+
 std::string models_dir() {
   if (const char* env = std::getenv("RELPOS_MODELS"); env && *env) return env;  // set but empty: as unset
   namespace fs = std::filesystem;
-  // Installed: <prefix>/<libdir>/librelpos.so and <prefix>/<datadir>/relpos/models.
+  // The file holding this code: librelpos.so for a shared library, the program for a static one.
   Dl_info info{};
+  fs::path image;
   if (dladdr(reinterpret_cast<void*>(&models_dir), &info) != 0 && info.dli_fname) {
     std::error_code ec;
-    const fs::path lib = fs::weakly_canonical(fs::path(info.dli_fname), ec);
-    if (!ec) {
-      const fs::path installed = lib.parent_path() / RELPOS_LIB_TO_MODELS;
-      if (fs::is_directory(installed)) return installed.string();
-    }
+    image = fs::weakly_canonical(fs::path(info.dli_fname), ec);
+    if (ec) image.clear();
   }
+  // Installed: <prefix>/<libdir>/librelpos.so and <prefix>/<datadir>/relpos/models, wherever the
+  // prefix was copied to.
+  if (!image.empty()) {
+    const fs::path installed = (image.parent_path() / RELPOS_LIB_TO_MODELS).lexically_normal();
+    if (fs::is_directory(installed)) return installed.string();  // <prefix>/share/..., not lib/../share/...
+  }
+  // The build tree's library and tests use this tree's models, not an older install's.
+  if (!image.empty() && lies_under(image, RELPOS_BUILD_DIR) && fs::is_directory(RELPOS_MODELS_DIR))
+    return RELPOS_MODELS_DIR;
+  // A static librelpos is part of its consumer's program, which dladdr names: the models are then
+  // found where CMAKE_INSTALL_PREFIX put them.
+  if (fs::is_directory(RELPOS_INSTALLED_MODELS_DIR)) return RELPOS_INSTALLED_MODELS_DIR;
   if (fs::is_directory(RELPOS_MODELS_DIR)) return RELPOS_MODELS_DIR;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
