@@ -112,6 +112,36 @@ TEST_CASE("JSON and safetensors headers: a key given twice is an error naming it
   CHECK(Model::open(write("bomc.json", "\xEF\xBB\xBF" + config)).network().config().num_classes == 3);
 }
 
+TEST_CASE("JSON nested a hundred thousand levels deep: an error naming the file, not a stack overflow") {
+  // copying a parsed value recurses once per level: 150000 levels overflowed the stack (exit 139)
+  const int depth = 150000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  test::TempDir dir;
+  std::ifstream cin(test::tiny_rgb_config());
+  std::string config((std::istreambuf_iterator<char>(cin)), std::istreambuf_iterator<char>());
+  config.insert(config.find('{') + 1, "\"labels\": " + deep + ", ");
+  const std::string f = dir.file("deep.json");
+  std::ofstream(f) << config;
+  CHECK_THROWS_WITH_AS(Model::open(f), (f + ": JSON nested deeper than 64 levels").c_str(), Error);
+  const std::string header = "{\"__metadata__\": {\"x\": " + deep + "}}";
+  std::vector<char> b(8 + header.size(), 0);
+  const std::uint64_t hlen = header.size();
+  std::memcpy(b.data(), &hlen, 8);
+  std::memcpy(b.data() + 8, header.data(), header.size());
+  CHECK(error_of(b) == "evil.safetensors: the safetensors header: JSON nested deeper than 64 levels");
+  // and JSON text inside a safetensors file's metadata
+  const Model m = Model::open(test::tiny_rgb_config());
+  m.save_safetensors(dir.file("m.safetensors"));
+  const SafetensorsFile sf = SafetensorsFile::read(dir.file("m.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& e : sf.entries()) ts.emplace_back(e.name, sf.tensor(e.name));
+  auto meta = sf.metadata();
+  meta["relpos.labels"] = deep;
+  write_safetensors(dir.file("deep.safetensors"), ts, meta);
+  CHECK_THROWS_WITH_AS(Model::load(dir.file("deep.safetensors")),
+                       doctest::Contains("relpos.labels: JSON nested deeper than 64 levels"), Error);
+}
+
 TEST_CASE("Tensor element counts that overflow int64 throw instead of wrapping") {
   CHECK_THROWS_AS(numel_of(Shape{std::int64_t{1} << 32, std::int64_t{1} << 32}), Error);
   CHECK_THROWS_AS(numel_of(Shape{-1, 4}), Error);

@@ -43,6 +43,14 @@ json read_json_file(const std::string& path) {
   }
 }
 
+json parse_json_text(const std::string& text, const std::string& where) {
+  try {
+    return json::parse(text, refuse_duplicate_keys<json>(where));
+  } catch (const json::exception& e) {
+    RELPOS_FAIL(where << ": not valid JSON (" << short_parse_error(e) << ")");
+  }
+}
+
 JsonReader::JsonReader(const json& j, std::string where, bool strict)
     : j_(j), where_(std::move(where)), strict_(strict) {
   RELPOS_CHECK(j.is_object(), where_ << " must be a JSON object, got " << (j.is_null() ? "null" : j.type_name()));

@@ -18,6 +18,9 @@ namespace relpos::detail {
 // The file parsed as JSON; errors name the file (missing, a directory, unreadable, not JSON, a key
 // given twice in one object).
 nlohmann::json read_json_file(const std::string& path);
+// JSON text held elsewhere (a safetensors file's metadata entry), parsed as read_json_file parses a
+// file (duplicate keys and deep nesting refused); errors name `where`.
+nlohmann::json parse_json_text(const std::string& text, const std::string& where);
 
 // Whether text is valid UTF-8, as JSON text (and so every label and name a model file stores) must be.
 bool valid_utf8(const std::string& text);
@@ -28,9 +31,15 @@ std::string printable_utf8(const std::string& text);
 // weights file would quote kilobytes of base64).
 std::string short_parse_error(const std::exception& e);
 
+// How deep relpos's JSON files may nest (theirs nest a few levels): deeper text is refused while it
+// is parsed, since copying a parsed value recurses once per level and a file nested a hundred
+// thousand levels deep overflowed the stack.
+constexpr int kMaxJsonDepth = 64;
+
 // A parser callback (Json::parse(text, callback)) that refuses a key given twice in one object,
 // naming `where`, the key and the object holding it: the JSON library would keep the last value
-// silently (a tensor, a label list or a config value overridden without a word).
+// silently (a tensor, a label list or a config value overridden without a word). It also refuses
+// nesting deeper than kMaxJsonDepth.
 template <typename Json>
 typename Json::parser_callback_t refuse_duplicate_keys(const std::string& where) {
   struct Object {
@@ -42,8 +51,9 @@ typename Json::parser_callback_t refuse_duplicate_keys(const std::string& where)
     std::string last_key;
   };
   auto state = std::make_shared<State>();
-  return [state, where](int, typename Json::parse_event_t event, Json& parsed) {
+  return [state, where](int depth, typename Json::parse_event_t event, Json& parsed) {
     State& s = *state;
+    RELPOS_CHECK(depth <= kMaxJsonDepth, where << ": JSON nested deeper than " << kMaxJsonDepth << " levels");
     if (event == Json::parse_event_t::object_start) {
       s.objects.push_back({{}, s.objects.empty() ? std::string() : s.last_key});
     } else if (event == Json::parse_event_t::object_end) {

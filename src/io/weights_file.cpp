@@ -210,7 +210,7 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
   try {
     if (!config.empty()) shipped = read_config_file(config);
     if (meta.count("relpos.config")) {
-      fc.config = ModelConfig::from_json(json::parse(meta.at("relpos.config")));
+      fc.config = ModelConfig::from_json(parse_json_text(meta.at("relpos.config"), "relpos.config"));
       if (!config.empty()) check_config_agrees(fc.config, shipped.config, config);
     } else if (!config.empty()) {
       fc.config = shipped.config;
@@ -237,11 +237,11 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
       RELPOS_CHECK(meta.count("relpos.version") && meta.at("relpos.version") == std::to_string(kVersionInt8),
                    "relpos.quantization needs relpos.version " << kVersionInt8 << ", the file has "
                                                                << (meta.count("relpos.version") ? meta.at("relpos.version") : "none"));
-      fc.int8_layers = int8_layers_from_json(json::parse(meta.at("relpos.quantization")), "relpos.quantization");
+      fc.int8_layers = int8_layers_from_json(parse_json_text(meta.at("relpos.quantization"), "relpos.quantization"), "relpos.quantization");
     }
-    if (meta.count("relpos.labels")) fc.labels = labels_from(json::parse(meta.at("relpos.labels")), "labels");
+    if (meta.count("relpos.labels")) fc.labels = labels_from(parse_json_text(meta.at("relpos.labels"), "relpos.labels"), "labels");
     if (meta.count("relpos.preprocess")) {
-      fc.preprocess = Preprocess::from_json(json::parse(meta.at("relpos.preprocess")), default_preprocess(fc.config));
+      fc.preprocess = Preprocess::from_json(parse_json_text(meta.at("relpos.preprocess"), "relpos.preprocess"), default_preprocess(fc.config));
     }
     // the config may carry the preprocessing and labels its weights were trained with
     take_config_extras(fc, shipped, config);

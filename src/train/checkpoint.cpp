@@ -184,10 +184,10 @@ Checkpoint load_checkpoint(const std::string& path) {
     return it->second;
   };
   try {
-    const ModelConfig config = ModelConfig::from_json(json::parse(entry("relpos.config")));
-    const auto labels = json::parse(entry("relpos.labels")).get<std::vector<std::string>>();
-    const Preprocess pre = Preprocess::from_json(json::parse(entry("relpos.preprocess")), default_preprocess(config));
-    const json oj = json::parse(entry("relpos.train_options"));
+    const ModelConfig config = ModelConfig::from_json(parse_json_text(entry("relpos.config"), "relpos.config"));
+    const auto labels = parse_json_text(entry("relpos.labels"), "relpos.labels").get<std::vector<std::string>>();
+    const Preprocess pre = Preprocess::from_json(parse_json_text(entry("relpos.preprocess"), "relpos.preprocess"), default_preprocess(config));
+    const json oj = parse_json_text(entry("relpos.train_options"), "relpos.train_options");
     // keys every checkpoint has had: without them the run would silently take defaults (10 epochs,
     // Fashion-MNIST) that are not its own
     for (const char* key : {"data", "epochs", "batch", "lr"})
@@ -197,7 +197,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     RELPOS_CHECK(c.options.epochs >= 1 && c.options.batch >= 2,
                  path << ": damaged checkpoint: training options epochs " << c.options.epochs << ", batch " << c.options.batch
                       << " (relpos.train_options)");
-    const json pj = json::parse(entry("relpos.progress"));
+    const json pj = parse_json_text(entry("relpos.progress"), "relpos.progress");
     // as wide integers, so that a damaged value is reported as written rather than wrapped
     const auto count = [&](const char* key) {
       const json& v = pj.at(key);
