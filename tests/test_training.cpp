@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -554,6 +556,25 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
   train(one_resumed, small_run(data, dir.path + "/one_part"), dir.path + "/one_part/checkpoint.safetensors");
   CHECK(weights_of(one_resumed) == weights_of(one));
   CHECK(threads_in_use() == omp_get_num_procs());  // the run's count ends with the run
+}
+
+TEST_CASE("a training option that is NaN is an error naming it, before any work (it trained with the option off, unresumable)") {
+  test::TempDir dir;
+  test::make_pattern_dataset(dir.path + "/data", 4, 2);
+  for (const char* which : {"ema_decay", "clip_grad", "val_split", "checkpoint_minutes", "bucket_mb"}) {
+    CAPTURE(which);
+    TrainOptions o = small_run(dir.path + "/data", dir.path + "/run_" + std::string(which));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::string w = which;
+    if (w == "ema_decay") o.ema_decay = nan;
+    if (w == "clip_grad") o.clip_grad = nan;
+    if (w == "val_split") o.val_split = nan;
+    if (w == "checkpoint_minutes") o.checkpoint_minutes = nan;
+    if (w == "bucket_mb") o.bucket_mb = nan;
+    Model m = Model::create(test::tiny_rgb_config(), 5);
+    CHECK_THROWS_WITH_AS(train(m, o), ("the training option " + w + " is nan; it must be a finite number").c_str(), Error);
+    CHECK(!std::filesystem::exists(dir.path + "/run_" + w));
+  }
 }
 
 TEST_CASE("a checkpoint with missing or impossible progress is an error naming the file and the entry") {

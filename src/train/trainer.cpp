@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -255,6 +256,21 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                                                  << " is not valid UTF-8 (the checkpoint records it as text); rename it");
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
+  // NaN passes every range check (each comparison is false) and is saved as null, which no resume
+  // reads back: a run given one trained with the option quietly off and could not be resumed
+  {
+    const std::function<void(const nlohmann::json&, const std::string&)> finite = [&](const nlohmann::json& j,
+                                                                                     const std::string& key) {
+      if (j.is_object())
+        for (auto it = j.begin(); it != j.end(); ++it) finite(it.value(), key.empty() ? it.key() : key + "." + it.key());
+      else if (j.is_array())
+        for (std::size_t i = 0; i < j.size(); ++i) finite(j[i], key + "[" + std::to_string(i) + "]");
+      else if (j.is_number_float())
+        RELPOS_CHECK(std::isfinite(j.get<double>()),
+                     "the training option " << key << " is " << j.get<double>() << "; it must be a finite number");
+    };
+    finite(opts.to_json(), "");
+  }
   // before the output folder is made: an int8 model stopped at its first step, leaving it empty
   RELPOS_CHECK(model.network().int8_layers().empty(),
                (opts.init.empty() ? std::string("the model") : opts.init)
