@@ -193,6 +193,19 @@ TEST_CASE("IDX: images of 0 rows or columns are rejected; a sane file loads") {
   CHECK(idx_error({2, 3, 4}, 24).empty());
 }
 
+TEST_CASE("a model file whose preprocessing asks for a larger input than its config: memory checked at that size") {
+  // the config's size was checked, and the model then ran (out of memory) at the preprocessing's
+  test::TempDir dir;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(test::source_dir() + "/models/fmnist_conv.json"));
+  j["preprocess"]["input_size"] = {16384, 16384};
+  std::ofstream(dir.file("big.json")) << j.dump();
+  CHECK_THROWS_WITH_AS(Model::open(dir.file("big.json")),
+                       doctest::Contains("preprocess.input_size [16384, 16384]: model config"), Error);
+  j["preprocess"]["input_size"] = {32, 32};
+  std::ofstream(dir.file("small.json")) << j.dump();
+  CHECK(Model::open(dir.file("small.json")).preprocess().height == 32);
+}
+
 TEST_CASE("weights JSON: a huge declared shape with little data fails before allocating, naming the tensor") {
   test::TempDir dir;
   const std::string path = dir.file("m.json");

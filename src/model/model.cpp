@@ -45,6 +45,17 @@ void Model::set_preprocess(const Preprocess& p) {
                "preprocess.input_size [" << p.height << ", " << p.width << "] does not fit " << c.name << ", which takes "
                                          << c.input_size[0] << "x" << c.input_size[1]
                                          << " input (its position tables fix the feature size)");
+  // The network's memory was checked at its config's input size; the model runs at this one (a
+  // model file whose preprocessing said 2048x2048 ran out of memory, unchecked)
+  if (p.height != c.input_size[0] || p.width != c.input_size[1]) {
+    ModelConfig at = c;
+    at.input_size = {p.height, p.width};
+    try {
+      at.check_memory();
+    } catch (const Error& e) {
+      RELPOS_FAIL("preprocess.input_size [" << p.height << ", " << p.width << "]: " << e.what());
+    }
+  }
   // An int8 first layer that takes u8 (its calibration never saw a negative input) turns every
   // negative value this preprocessing gives into 0: answers, but wrong ones.
   const std::vector<std::string> order = network_.quantizable_layers();
