@@ -554,3 +554,16 @@ TEST_CASE("classify --json: an unreadable image's line stands where the image do
   }
   CHECK(order == std::vector<std::string>{a, dir.file("cut.png") + " error", b});
 }
+
+TEST_CASE("bench --attention sizes beyond what a config allows are usage errors, not an uncaught bad_alloc") {
+  // --sasa 999999 aborted with exit 134 (std::bad_alloc thrown where nothing caught it)
+  Run r = run("bench --attention 56 56 --sasa 999999 --iters 1 --warmup 0");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--sasa takes an odd window of 1 to 15") != std::string::npos);
+  r = run("bench --attention 50000 50000 --iters 1 --warmup 0");
+  CHECK(r.status == 2);
+  r = run("bench --attention 4096 4096 --heads 256 --dim 4096 --iters 1 --warmup 0");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("would need more than 16 GiB") != std::string::npos);
+  CHECK(run("bench --attention 8 8 --sasa 3 --heads 2 --dim 8 --iters 1 --warmup 0").status == 0);
+}

@@ -140,6 +140,15 @@ void run_attention(const BenchArgs& a) {
   const Device dev = a.model.run.apply();
   const int h = a.attention[0], w = a.attention[1];
   RELPOS_USAGE_CHECK(h > 0 && w > 0 && a.heads > 0 && a.dim > 0, "--attention, --heads and --dim must be positive");
+  // as a config allows (a window of 999999 threw bad_alloc where it could not be caught: exit 134)
+  RELPOS_USAGE_CHECK(a.sasa == 0 || (a.sasa <= 15 && a.sasa % 2 == 1),
+                     "--sasa takes an odd window of 1 to 15, as a config's sasa.kernel, got " << a.sasa);
+  RELPOS_USAGE_CHECK(h <= 4096 && w <= 4096 && a.heads <= 256 && a.dim <= 4096,
+                     "--attention takes a map of at most 4096 x 4096, --heads at most 256 and --dim at most 4096");
+  const double floats = static_cast<double>(a.batch) * a.heads * a.dim * h * w;
+  RELPOS_USAGE_CHECK(floats * 4.0 * 8.0 <= 16.0 * (1 << 30),
+                     "--attention " << h << " " << w << " with --heads " << a.heads << ", --dim " << a.dim << " and --batch "
+                                    << a.batch << " would need more than 16 GiB; give a smaller size");
   if (a.sasa > 0) return run_sasa_attention(a, dev, h, w);
   BotAttnSpec spec;
   spec.heads = a.heads, spec.dqk = a.dim, spec.dv = a.dim;
