@@ -567,3 +567,10 @@ TEST_CASE("bench --attention sizes beyond what a config allows are usage errors,
   CHECK(r.out.find("would need more than 16 GiB") != std::string::npos);
   CHECK(run("bench --attention 8 8 --sasa 3 --heads 2 --dim 8 --iters 1 --warmup 0").status == 0);
 }
+
+TEST_CASE("OMP_NUM_THREADS beyond 1024 is taken as 1024, as --threads: it crashed libgomp (exit 139)") {
+  const auto r = relpos::test::run_cli("classify -q -m botnet-fmnist " + relpos::test::source_dir() + "/samples/bag_00018.png",
+                                       false, "OMP_NUM_THREADS=100000");
+  INFO(r.out);
+  CHECK(r.status == 0);
+}

@@ -80,8 +80,9 @@ int others_running() {
 }
 
 // What OpenMP itself would use (OMP_NUM_THREADS, else every core), read when the library loads,
-// before relpos changes it.
-const int g_openmp_default = omp_get_max_threads();
+// before relpos changes it; at most 1024, as set_num_threads takes (OMP_NUM_THREADS=100000 made
+// libgomp fail to start its threads, or crash).
+const int g_openmp_default = std::min(1024, omp_get_max_threads());
 
 // The adaptive default (no set_num_threads, no OMP_NUM_THREADS): the cores OpenMP would use, less
 // one for each other process's thread that is running, at least 1; re-read every 200 ms.
