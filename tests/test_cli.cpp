@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <vector>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "cli_run.hpp"
@@ -573,4 +574,25 @@ TEST_CASE("OMP_NUM_THREADS beyond 1024 is taken as 1024, as --threads: it crashe
                                        false, "OMP_NUM_THREADS=100000");
   INFO(r.out);
   CHECK(r.status == 0);
+}
+
+TEST_CASE("a named pipe or a device given as an image, a model or a labels file: an error naming it, never a wait") {
+  // opening a FIFO waits for a writer (forever when none comes); /dev/zero never ends
+  relpos::test::TempDir d;
+  const std::string fifo = d.file("fifo.png");
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string img = samples() + "/bag_00018.png";
+  const auto run_briefly = [](const std::string& args) { return relpos::test::run_cli(args, false, "RELPOS_T=1 timeout 60"); };
+  Run r = run_briefly("classify -q -m botnet-fmnist " + fifo);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(fifo + ": is a named pipe (FIFO), not a file") != std::string::npos);
+  r = run_briefly("classify -q -m " + fifo + " " + img);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(fifo + ": is a named pipe (FIFO), not a file") != std::string::npos);
+  r = run_briefly("classify -q -m botnet-fmnist --labels /dev/zero " + img);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/dev/zero: is a character device, not a file") != std::string::npos);
+  r = run_briefly("classify -q -m botnet-fmnist /dev/zero");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/dev/zero: is a character device, not a file") != std::string::npos);
 }

@@ -14,4 +14,10 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 // The whole file as bytes; throws relpos::Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
 
+// Throws relpos::Error naming the path when it is something other than a regular file that can
+// be read to its end: a named pipe (opening one waits for a writer, forever if none comes), a
+// device (/dev/zero never ends), a socket. Missing paths and folders are left to the caller's
+// own message. `what` names the file's role ("image", "labels file", ...).
+void check_regular_file(const std::string& path, const char* what);
+
 }  // namespace relpos::detail

@@ -93,7 +93,10 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
   return img;
 }
 
-cv::Mat decode_image_file(const std::string& path) { return decode_image_bytes(read_file(path), path, max_image_pixels()); }
+cv::Mat decode_image_file(const std::string& path) {
+  check_regular_file(path, "image");
+  return decode_image_bytes(read_file(path), path, max_image_pixels());
+}
 
 void encode_image_file(const std::string& path, const cv::Mat& img) {
   RELPOS_CHECK(!img.empty(), "cannot write " << path << ": the image is empty");

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/ops_internal.hpp"
+#include "io/atomic_file.hpp"
 #include "io/base64.hpp"
 #include "io/json_reader.hpp"
 #include "model/config_file.hpp"
@@ -313,6 +314,7 @@ ModelFileKind model_file_kind(const std::string& path) {
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec),
                path << ": is a directory; expected a model file (.json or .safetensors)");
+  check_regular_file(path, "model file");
   std::ifstream in(path, std::ios::binary);
   RELPOS_CHECK(in, path << ": cannot open the file");
   // safetensors: an 8-byte little-endian header length that fits the file, then the header's '{'.

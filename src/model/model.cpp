@@ -253,6 +253,10 @@ std::vector<std::string> read_labels(const std::string& path) {
   std::error_code ec;
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such labels file");
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a folder; expected a labels file (one label per line)");
+  detail::check_regular_file(path, "labels file");
+  // a label list is small: a file of gigabytes is a mistake (and would be read into memory)
+  const auto bytes = std::filesystem::file_size(path, ec);
+  RELPOS_CHECK(ec || bytes <= (64u << 20), path << ": " << bytes << " bytes is too large for a labels file (at most 64 MiB)");
   std::ifstream in(path);
   RELPOS_CHECK(in, path << ": cannot open the labels file");
   std::vector<std::string> out;
