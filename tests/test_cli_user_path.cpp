@@ -502,3 +502,31 @@ TEST_CASE("eval with many classes: the lowest per-class accuracies and no text m
   CHECK(r.status == 2);
   CHECK(r.out.find("--png: the confusion matrix is drawn for up to 100 classes; the model has 1000") != std::string::npos);
 }
+
+TEST_CASE("convert and quantize write over an earlier relpos model only, not over a checkpoint, a config or an image") {
+  test::TempDir d;
+  const std::string image = d.file("photo.json"), config = d.file("config.json");
+  fs::copy_file(photo(), image);  // an image whose name ends in .json
+  fs::copy_file(find_config("fmnist_conv"), config);
+  const auto text = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string image_bytes = text(image), config_bytes = text(config);
+  for (const std::string& target : {image, config}) {
+    CAPTURE(target);
+    auto r = run_cli("convert botnet-fmnist " + target);
+    CHECK(r.status == 1);
+    CHECK(r.out.find(target + ": is there and is not a relpos model file") != std::string::npos);
+    r = run_cli("quantize -m botnet-fmnist --calib fashion-mnist --samples 8 --out " + target);
+    CHECK(r.status == 1);
+    CHECK(r.out.find(target + ": is there and is not a relpos model file") != std::string::npos);
+  }
+  CHECK(text(image) == image_bytes);
+  CHECK(text(config) == config_bytes);
+  // an earlier model is replaced
+  REQUIRE(run_cli("convert botnet-fmnist " + d.file("m.safetensors")).status == 0);
+  CHECK(run_cli("convert botnet-fmnist " + d.file("m.safetensors")).status == 0);
+  REQUIRE(run_cli("convert botnet-fmnist " + d.file("m.json")).status == 0);
+  CHECK(run_cli("quantize -m botnet-fmnist --calib fashion-mnist --samples 8 --out " + d.file("m.json")).status == 0);
+}

@@ -95,6 +95,11 @@ class Model {
 // Whether Model::open(path_or_name) would load trained weights (a weights file or a training
 // checkpoint) rather than create random ones (a config file or shipped config name).
 bool holds_weights(const std::string& path_or_name);
+// Whether path holds a model file relpos wrote (weights JSON, or safetensors whose metadata says
+// relpos-weights): what relpos's commands replace when told to write a model there. False for
+// anything else (a config, a timm checkpoint, a training checkpoint, an image) and for a file that
+// cannot be read.
+bool is_relpos_model_file(const std::string& path);
 
 // The default preprocessing for a config (ImageNet statistics, or 0.5/0.5 for one channel).
 Preprocess default_preprocess(const ModelConfig& config);

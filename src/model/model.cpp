@@ -213,6 +213,8 @@ Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
   return m;
 }
 
+bool is_relpos_model_file(const std::string& path) { return detail::is_relpos_model_file(path); }
+
 bool holds_weights(const std::string& path_or_name) {
   std::error_code ec;
   // as open(): a file, else the name of a shipped model or config

@@ -288,10 +288,15 @@ std::string json_text(const nlohmann::json& j, int indent) {
 }
 
 void check_output_file(const std::string& path, const std::string& flag, const std::string& what,
-                       const std::string& input) {
+                       const std::string& input, bool model) {
   std::error_code ec;
   RELPOS_USAGE_CHECK(input.empty() || !fs::equivalent(input, path, ec),
                      path << ": " << flag << " is the input model; write " << what << " to another file");
+  // a model is written over an earlier model only (a training checkpoint, a config, an image or a
+  // timm checkpoint there was replaced without a word)
+  RELPOS_CHECK(!model || !fs::exists(path, ec) || fs::is_directory(path, ec) || is_relpos_model_file(path),
+               path << ": is there and is not a relpos model file; " << flag
+                    << " replaces only those (give another file name, or remove it first)");
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   RELPOS_CHECK(fs::is_directory(folder, ec), path << ": cannot write " << what << " there (no folder " << folder.string() << ")");
   RELPOS_CHECK(!fs::is_directory(path, ec), path << ": is a folder; " << flag << " takes a file name");

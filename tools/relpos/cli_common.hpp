@@ -101,8 +101,9 @@ std::string padded(const std::string& s, std::size_t columns);
 std::string json_text(const nlohmann::json& j, int indent = -1);
 
 // With input given: writing over that file (the same file by any name) is a usage error too.
+// With model: a file already at path is replaced only when it is a relpos model file.
 void check_output_file(const std::string& path, const std::string& flag, const std::string& what,
-                       const std::string& input = "");
+                       const std::string& input = "", bool model = false);
 
 void set_threads(int threads);
 // The process exit status a command asks for (0 unless it reported failures).

@@ -25,7 +25,7 @@ void run(const ConvertArgs& a) {
   RELPOS_USAGE_CHECK(safetensors || ends_with(a.output, ".json"),
                      "output '" << a.output << "' must end in .json or .safetensors");
   RELPOS_USAGE_CHECK(!safetensors || !a.numbers, "--numbers applies to JSON output only");
-  check_output_file(a.output, "convert's output", "the model", a.model.model);
+  check_output_file(a.output, "convert's output", "the model", a.model.model, /*model=*/true);
   Model model = a.model.load();
   a.pre.apply(model);
   if (safetensors) {

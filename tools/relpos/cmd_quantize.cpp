@@ -77,7 +77,7 @@ void run(const QuantizeArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   RELPOS_USAGE_CHECK(ends_with(a.out, ".json") || ends_with(a.out, ".safetensors"),
                      "--out '" << a.out << "' must end in .json or .safetensors");
-  check_output_file(a.out, "--out", "the int8 model", a.model.model);  // now, not after the calibration
+  check_output_file(a.out, "--out", "the int8 model", a.model.model, /*model=*/true);  // now, not after the calibration
   QuantizeOptions opt;
   try {
     opt.method = parse_calibration(a.method);
