@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -597,6 +598,8 @@ TEST_CASE("images and preprocessing that give meaningless input are errors, thro
                          doctest::Contains(("preprocess: key '" + key + "'").c_str()), relpos::Error);
   };
   refused([](relpos::Preprocess& p) { p.std[0] = 0.0f; }, "std");
+  // a subnormal std: the input became infinite and the network answered anyway
+  refused([](relpos::Preprocess& p) { p.std[0] = std::numeric_limits<float>::denorm_min(); }, "std");
   refused([](relpos::Preprocess& p) { p.mean[0] = std::nanf(""); }, "mean");
   refused([](relpos::Preprocess& p) { p.scale = -1.0f; }, "scale");
   refused(

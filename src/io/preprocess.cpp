@@ -87,9 +87,16 @@ void Preprocess::check() const {
                key("scale") << " must be a positive number (pixel values are multiplied by it; 1/255 for timm), got "
                             << scale);
   for (int c = 0; c < in_chans(); ++c) {
-    RELPOS_CHECK(std::isfinite(std[static_cast<std::size_t>(c)]) && std[static_cast<std::size_t>(c)] != 0.0f,
-                 key("std") << " must be non-zero numbers");
-    RELPOS_CHECK(std::isfinite(mean[static_cast<std::size_t>(c)]), key("mean") << " must be numbers");
+    const float sd = std[static_cast<std::size_t>(c)], mn = mean[static_cast<std::size_t>(c)];
+    RELPOS_CHECK(std::isfinite(sd) && sd != 0.0f, key("std") << " must be non-zero numbers");
+    RELPOS_CHECK(std::isfinite(mn), key("mean") << " must be numbers");
+    // the network's input, (pixel * scale - mean) / std, must stay a float: a std of 1e-45 (a
+    // subnormal) made it infinite, and the network answered anyway
+    const double widest = (std::fabs(static_cast<double>(mn)) + 255.0 * static_cast<double>(scale)) /
+                          std::fabs(static_cast<double>(sd));
+    RELPOS_CHECK(widest <= 1e30, key("std") << " " << sd << " (with mean " << mn << " and scale " << scale
+                                            << ") makes input values up to " << widest
+                                            << ", beyond what float32 arithmetic keeps finite");
   }
   RELPOS_CHECK(!crop || (std::isfinite(crop_pct) && crop_pct > 0.0 && crop_pct <= 1.0),
                key("crop_pct") << " must be in (0, 1], got " << crop_pct);
