@@ -615,3 +615,21 @@ TEST_CASE("images and preprocessing that give meaningless input are errors, thro
   CHECK_THROWS_WITH_AS(relpos::resize_and_crop(cv::Mat(10, 10, CV_8UC3, cv::Scalar::all(9)), tiny),
                        doctest::Contains("preprocess: crop_pct 1e-300 would resize the image to"), relpos::Error);
 }
+
+#ifndef RELPOS_NO_IMAGE_CODECS
+TEST_CASE("a floating-point TIFF reads as Pillow converts it: clipped to 0..255 and truncated to 8 bits; NaN refused") {
+  // taken as 0..255 floats unclipped, a file holding 0..255000 gave a confident wrong class
+  test::TempDir dir;
+  cv::Mat f(1, 6, CV_32FC1);
+  const float values[6] = {-5.0f, 0.5f, 1.99f, 127.7f, 254.9f, 1e6f};
+  for (int i = 0; i < 6; ++i) f.at<float>(0, i) = values[i];
+  REQUIRE(cv::imwrite(dir.file("f.tif"), f));
+  const cv::Mat got = read_image(dir.file("f.tif"));
+  REQUIRE(got.type() == CV_8UC1);
+  const int want[6] = {0, 0, 1, 127, 254, 255};
+  for (int i = 0; i < 6; ++i) CHECK(static_cast<int>(got.at<std::uint8_t>(0, i)) == want[i]);
+  f.at<float>(0, 2) = std::nanf("");
+  REQUIRE(cv::imwrite(dir.file("nan.tif"), f));
+  CHECK_THROWS_WITH_AS(read_image(dir.file("nan.tif")), doctest::Contains("NaN or infinite"), Error);
+}
+#endif

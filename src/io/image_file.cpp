@@ -90,6 +90,22 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
     RELPOS_FAIL(name << ": OpenCV could not decode it (" << e.err << ")");
   }
   RELPOS_CHECK(!img.empty(), name << ": not a readable image (unknown format or damaged data)");
+  if (img.depth() == CV_32F || img.depth() == CV_64F) {
+    // A floating-point TIFF: Pillow opens it as mode F, and convert("RGB") (timm's loader) clips
+    // each value to 0..255 and truncates it to 8 bits. Taken as 0..255 floats unclipped, a file
+    // holding 0..255000 gave a confident wrong class. NaN has no such value: refused.
+    RELPOS_CHECK(cv::checkRange(img, /*quiet=*/true), name << ": a floating-point image holding NaN or infinite values");
+    cv::Mat f;
+    img.convertTo(f, CV_64F);
+    cv::Mat out(img.size(), CV_MAKETYPE(CV_8U, img.channels()));
+    for (int y = 0; y < f.rows; ++y) {
+      const double* in = f.ptr<double>(y);
+      std::uint8_t* o = out.ptr<std::uint8_t>(y);
+      for (int x = 0; x < f.cols * f.channels(); ++x)
+        o[x] = in[x] <= 0.0 ? 0 : in[x] >= 255.0 ? 255 : static_cast<std::uint8_t>(in[x]);
+    }
+    img = out;
+  }
   return img;
 }
 
