@@ -427,7 +427,8 @@ TEST_CASE("--save replaces only a relpos model file, and takes .json or .safeten
   }
   CHECK(slurp(image) == bytes);
   CHECK(slurp(d.file("config.json")) == slurp(relpos::test::tiny_rgb_config()));
-  CHECK(sh(train_cmd(d, d.path + "/r2", 1, 4) + " --overwrite --save " + d.file("m.txt") + " -q > " + d.file("log") + " 2>&1") == 1);
+  // a usage error (exit 2), as convert's and quantize's output names
+  CHECK(sh(train_cmd(d, d.path + "/r2", 1, 4) + " --overwrite --save " + d.file("m.txt") + " -q > " + d.file("log") + " 2>&1") == 2);
   CHECK(slurp(d.file("log")).find("give a file name with one of these extensions") != std::string::npos);
   CHECK(!fs::exists(d.file("m.txt")));
   // an earlier model is replaced, as a compiler's -o replaces its output
@@ -436,4 +437,13 @@ TEST_CASE("--save replaces only a relpos model file, and takes .json or .safeten
     REQUIRE(sh(train_cmd(d, d.path + "/a_" + name, 1, 4) + " --save " + d.file(name) + " -q > /dev/null 2>&1") == 0);
     CHECK(sh(train_cmd(d, d.path + "/b_" + name, 1, 4) + " --save " + d.file(name) + " -q > " + d.file("log") + " 2>&1") == 0);
   }
+}
+
+TEST_CASE("train --init given a config (no weights) is a usage error, not a silent start from random weights") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 4, 2);
+  CHECK(sh(cli() + " train --init " + relpos::test::tiny_rgb_config() + " --data " + d.path + "/data -b 4 --threads 1 " +
+           "--epochs 1 -q -o " + d.path + "/run > " + d.file("log") + " 2>&1") == 2);
+  CHECK(slurp(d.file("log")).find("is a model config (no weights); --init takes trained weights") != std::string::npos);
+  CHECK(!fs::exists(d.path + "/run"));
 }

@@ -260,6 +260,10 @@ void PreprocessOptions::apply(Model& model) const {
   }
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // The shortest decimal that reads back as the same float.
 std::string shortest(float v) {
   for (int digits = 6; digits < 10; ++digits) {

@@ -85,6 +85,7 @@ std::string preprocess_flags(const Preprocess& p);
 CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 
 // The shortest decimal that reads back as the same float ("0.001", not "0.00").
+bool ends_with(const std::string& s, const std::string& suffix);
 std::string shortest(float v);
 // The shortest decimal that reads back as the same double.
 std::string shortest(double v);

@@ -16,10 +16,6 @@ struct ConvertArgs {
   bool numbers = false;
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 void run(const ConvertArgs& a) {
   const bool safetensors = ends_with(a.output, ".safetensors");
   RELPOS_USAGE_CHECK(safetensors || ends_with(a.output, ".json"),

@@ -23,10 +23,6 @@ struct QuantizeArgs {
   bool quiet = false;
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // `samples` images spread evenly over the calibration source, preprocessed in batches.
 std::vector<Tensor> calibration_batches(const QuantizeArgs& a, const Model& model) {
   const Preprocess& pre = model.preprocess();

@@ -62,6 +62,9 @@ Model starting_model(TrainArgs& a, Device device) {
     a.config.clear();
   }
   if (a.init.empty()) return Model::create(a.config, a.init_seed);
+  // a config given as --init started from random weights, as if fine-tuning, without a word
+  RELPOS_USAGE_CHECK(holds_weights(a.init), "--init " << a.init << " is a model config (no weights); --init takes trained "
+                                                      "weights to fine-tune from: give a config as --config");
   a.opt.init = a.init;
   a.opt.init_config = a.config;
   LoadOptions lo;
@@ -182,7 +185,8 @@ void register_train(CLI::App& app) {
   sub->add_option("--resume", a->resume,
                   "Continue from a checkpoint (its options are used; --epochs extends the run, --lr and --extend say "
                   "how its learning rate goes on)");
-  sub->add_option("--data", a->opt.data, "fashion-mnist, or a folder with train/ and test/ of class folders")
+  sub->add_option("--data", a->opt.data,
+                  "fashion-mnist, or a folder: with train/ (and test/, val/) of class folders, or of class folders itself")
       ->capture_default_str();
   sub->add_option("--epochs", a->opt.epochs, "Epochs")->check(at_least_one("--epochs", "epochs to train"))->capture_default_str();
   sub->add_option("-b,--batch", a->opt.batch, "Batch size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
@@ -215,7 +219,8 @@ void register_train(CLI::App& app) {
   sub->add_option("--seed", a->opt.seed, "Seed of data order and augmentation")->capture_default_str();
   sub->add_option("--init-seed", a->init_seed, "Seed of the initial weights")->capture_default_str();
   sub->add_option("-o,--out", a->opt.out,
-                  "Output folder (a new run refuses one that holds an earlier run's checkpoint, model.json or log.csv)")
+                  "Output folder (a new run refuses one that holds an earlier run's checkpoint, best.safetensors, "
+                  "model.json or log.csv)")
       ->capture_default_str();
   sub->add_flag("--overwrite", a->opt.overwrite, "Let a new run replace an earlier run's results in the output folder");
   sub->add_option("--save", a->opt.save,
@@ -223,6 +228,9 @@ void register_train(CLI::App& app) {
   sub->add_option("--workers", a->opt.workers, "Data loader threads")
       ->check(at_least_one("--workers", "data loader threads"))->capture_default_str();
   a->run.add(sub);
+  // a run does not adapt its thread count to the load (docs/threads.md): the shared text says it does
+  sub->get_option("--threads")
+      ->description("CPU threads (default: OMP_NUM_THREADS, else all cores, kept from start to end of the run; 1 to 1024)");
   sub->add_option("--max-steps", a->opt.max_steps, "Stop after this many steps (with a checkpoint; 0: no limit)")
       ->check(kNonNegative);
   sub->add_option("--checkpoint-every", a->opt.checkpoint_minutes,
@@ -256,6 +264,10 @@ void register_train(CLI::App& app) {
     a->epochs_given = sub->count("--epochs") > 0;
     a->lr_given = sub->count("--lr") > 0;
     if (!a->resume.empty()) check_resume_flags(*sub, a->epochs_given);
+    const std::string& save = a->opt.save;
+    RELPOS_USAGE_CHECK(save.empty() || ends_with(save, ".json") || ends_with(save, ".safetensors"),
+                       "--save " << save << ": writes relpos weights JSON (.json) or safetensors (.safetensors); give a "
+                                            "file name with one of these extensions");
     run(*a);
   });
 }
