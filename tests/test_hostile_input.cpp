@@ -16,6 +16,7 @@
 #endif
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
@@ -631,5 +632,44 @@ TEST_CASE("a floating-point TIFF reads as Pillow converts it: clipped to 0..255 
   f.at<float>(0, 2) = std::nanf("");
   REQUIRE(cv::imwrite(dir.file("nan.tif"), f));
   CHECK_THROWS_WITH_AS(read_image(dir.file("nan.tif")), doctest::Contains("NaN or infinite"), Error);
+}
+#endif
+
+#ifndef RELPOS_NO_IMAGE_CODECS
+TEST_CASE("a PNG beyond libpng's million pixels on a side is named as such, not as damaged") {
+  test::TempDir dir;
+  // (OpenCV's PNG writer refuses it too: the file is put together here, one grey pixel a row)
+  const auto png = [](std::uint32_t height) {
+    const auto be = [](std::string& out, std::uint32_t v) {
+      for (int s = 24; s >= 0; s -= 8) out += static_cast<char>((v >> s) & 0xff);
+    };
+    const auto chunk = [&](std::string& out, const char* type, const std::string& data) {
+      be(out, static_cast<std::uint32_t>(data.size()));
+      const std::string body = std::string(type, 4) + data;
+      out += body;
+      be(out, static_cast<std::uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()))));
+    };
+    std::string ihdr;
+    be(ihdr, 1);
+    be(ihdr, height);
+    ihdr += std::string("\x08\x00\x00\x00\x00", 5);  // 8-bit grey, no interlace
+    const std::string raw(2 * static_cast<std::size_t>(height), '\0');  // filter byte 0, pixel 0
+    uLongf n = compressBound(static_cast<uLong>(raw.size()));
+    std::string z(n, '\0');
+    REQUIRE(compress2(reinterpret_cast<Bytef*>(z.data()), &n, reinterpret_cast<const Bytef*>(raw.data()),
+                      static_cast<uLong>(raw.size()), 9) == Z_OK);
+    z.resize(n);
+    std::string out = "\x89PNG\r\n\x1a\n";
+    chunk(out, "IHDR", ihdr);
+    chunk(out, "IDAT", z);
+    chunk(out, "IEND", "");
+    return out;
+  };
+  std::ofstream(dir.file("tall.png"), std::ios::binary) << png(1000001);
+  std::ofstream(dir.file("ok.png"), std::ios::binary) << png(1000000);
+  CHECK_THROWS_WITH_AS(read_image(dir.file("tall.png")),
+                       doctest::Contains("PNG of 1 x 1000001 pixels: the PNG decoder takes at most 1000000 pixels on a side"),
+                       Error);
+  CHECK(read_image(dir.file("ok.png")).rows == 1000000);
 }
 #endif

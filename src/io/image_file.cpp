@@ -71,7 +71,14 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
                name << ": truncated " << h.format << " (the header places image data up to byte "
                     << static_cast<std::uint64_t>(std::min(h.data_end, 4.6e18)) << ", but the file ends at byte " << bytes.size() << ")");
   std::string png;
-  if (std::strcmp(h.format, "PNG") == 0) png = check_png(bytes, name);
+  if (std::strcmp(h.format, "PNG") == 0) {
+    // libpng's default limit (PNG_USER_HEIGHT_MAX, _WIDTH_MAX), which OpenCV keeps: it refused such a
+    // file as "damaged", and printed its own warning on stderr
+    RELPOS_CHECK(h.width <= 1000000 && h.height <= 1000000,
+                 name << ": PNG of " << h.width << " x " << h.height
+                      << " pixels: the PNG decoder takes at most 1000000 pixels on a side; convert it to another format");
+    png = check_png(bytes, name);
+  }
   else if (std::strcmp(h.format, "JPEG") == 0) check_jpeg(bytes, name);
   const std::string& data = png.empty() ? bytes : png;
   RELPOS_CHECK(data.size() < 0x7fffffffu, name << ": " << data.size() << " bytes is too large an image file");
