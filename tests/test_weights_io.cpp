@@ -476,6 +476,14 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
   CHECK_THROWS_WITH_AS(Model::load(dir.file("image.json")), doctest::Contains("image.json: not a model file (a PNG image)"),
                        Error);
   CHECK_THROWS_WITH_AS(read_labels(dir.path), doctest::Contains((dir.path + ": is a folder; expected a labels file").c_str()), Error);
+  // a blank line among the labels: named (dropped silently, the count came out one short); at the end: fine
+  write_text(dir.file("labels.txt"), "a\r\nb\r\n\r\nc\r\n");
+  CHECK_THROWS_WITH_AS(read_labels(dir.file("labels.txt")),
+                       (dir.file("labels.txt") + ": line 3 is blank; a labels file has one label per line, in class order "
+                                                 "(blank lines only at the end)").c_str(),
+                       Error);
+  write_text(dir.file("labels.txt"), "a\nb\nc\n\n\n");
+  CHECK(read_labels(dir.file("labels.txt")) == std::vector<std::string>{"a", "b", "c"});
 }
 
 TEST_CASE("model configs reject unknown keys and impossible values") {

@@ -263,9 +263,19 @@ std::vector<std::string> read_labels(const std::string& path) {
   RELPOS_CHECK(in, path << ": cannot open the labels file");
   std::vector<std::string> out;
   std::string line;
+  long number = 0, blank = 0;  // the first blank line's number
   while (std::getline(in, line)) {
+    ++number;
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    if (!line.empty()) out.push_back(line);
+    if (line.empty()) {
+      if (blank == 0) blank = number;
+      continue;
+    }
+    // a blank line among the labels would shift every later label by one class if kept, and
+    // dropping it silently left the count one short, with no word of where
+    RELPOS_CHECK(blank == 0, path << ": line " << blank << " is blank; a labels file has one label per line, in "
+                                                         "class order (blank lines only at the end)");
+    out.push_back(line);
   }
   RELPOS_CHECK(!out.empty(), path << ": no labels in the file");
   return out;
