@@ -596,3 +596,16 @@ TEST_CASE("a named pipe or a device given as an image, a model or a labels file:
   CHECK(r.status == 1);
   CHECK(r.out.find("/dev/zero: is a character device, not a file") != std::string::npos);
 }
+
+TEST_CASE("a broken link or a link loop given as an input is named as such, as when a folder's search meets one") {
+  relpos::test::TempDir d;
+  const std::string dangling = d.file("dangling.png"), a = d.file("a.png"), b = d.file("b.png");
+  fs::create_symlink(d.file("gone.png"), dangling);
+  fs::create_symlink(b, a);
+  fs::create_symlink(a, b);
+  const Run r = run("classify -q -m botnet-fmnist " + dangling + " " + a);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dangling + ": broken symbolic link: its target '" + d.file("gone.png") + "' does not exist") !=
+        std::string::npos);
+  CHECK(r.out.find(a + ": cannot open it: Too many levels of symbolic links") != std::string::npos);
+}

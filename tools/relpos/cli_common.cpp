@@ -354,6 +354,11 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs,
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::exists(in, ec)) {
       files.push_back(in);
+    } else if (std::error_code le; fs::is_symlink(in, le)) {  // named as a folder's search names it
+      const fs::path target = fs::read_symlink(in, le);
+      errors.emplace_back(in, ec && ec != std::errc::no_such_file_or_directory
+                                  ? "cannot open it: " + ec.message()
+                                  : "broken symbolic link: its target '" + target.string() + "' does not exist");
     } else {
       errors.emplace_back(in.empty() ? "''" : in, "no such file or folder");
     }
