@@ -60,6 +60,27 @@ std::string train_cmd(const TempDir& d, const std::string& out, int epochs, int 
          " --threads 1 --epochs " + std::to_string(epochs) + " -o " + out;
 }
 
+// Starts args (the program first) with its stdout and stderr into the pipe's write end and
+// SIGPIPE at its default, as in a login shell whatever the test runner set; closes the write end here.
+pid_t start_into_pipe(std::vector<std::string> args, int fds[2]) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    if (fds[0] >= 0) close(fds[0]);
+    close(fds[1]);
+    std::signal(SIGPIPE, SIG_DFL);
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  return pid;
+}
+
 }  // namespace
 
 TEST_CASE("relpos train writes model, log, curves and checkpoint; relpos eval reports accuracy and a confusion PNG") {
@@ -140,21 +161,7 @@ TEST_CASE("a hang-up (the terminal gone, stderr a pipe without reader) saves a c
                                    "--epochs", "500", "-o", out, "-q"};
   int fds[2];
   REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    std::signal(SIGPIPE, SIG_DFL);  // as in a login shell, whatever the test runner set
-    std::vector<char*> argv;
-    for (std::string& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
+  const pid_t pid = start_into_pipe(args, fds);
   for (int i = 0; i < 600 && !fs::exists(out + "/checkpoint.safetensors"); ++i) usleep(50000);
   close(fds[0]);  // the reader goes away, then the hang-up comes
   REQUIRE(kill(pid, SIGHUP) == 0);
@@ -391,20 +398,8 @@ TEST_CASE("stderr a pipe whose reader went away: the run goes on and saves every
   int fds[2];
   REQUIRE(pipe(fds) == 0);
   close(fds[0]);  // no reader from the start: the first progress line meets a broken pipe
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[1]);
-    std::signal(SIGPIPE, SIG_DFL);  // as in a login shell, whatever the test runner set
-    std::vector<char*> argv;
-    for (std::string& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
+  fds[0] = -1;
+  const pid_t pid = start_into_pipe(args, fds);
   int st = 0;
   REQUIRE(waitpid(pid, &st, 0) == pid);
   INFO("signalled " << WIFSIGNALED(st) << " by " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
