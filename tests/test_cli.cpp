@@ -595,6 +595,15 @@ TEST_CASE("a named pipe or a device given as an image, a model or a labels file:
   r = run_briefly("classify -q -m botnet-fmnist /dev/zero");
   CHECK(r.status == 1);
   CHECK(r.out.find("/dev/zero: is a character device, not a file") != std::string::npos);
+  // a labels file from a pipe with a writer (bash's <(...)) is read, as before
+  const int st = std::system(("bash -c '" + std::string(RELPOS_CLI_PATH) + " classify -q -k 1 -m botnet-fmnist --labels " +
+                              "<(for i in 0 1 2 3 4 5 6 7 8 9; do echo class$i; done) " + img + " > " + d.file("out") +
+                              " 2>&1'").c_str());
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  std::ifstream out(d.file("out"));
+  const std::string printed((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  CHECK(printed.find("class") != std::string::npos);
 }
 
 TEST_CASE("a broken link or a link loop given as an input is named as such, as when a folder's search meets one") {

@@ -441,4 +441,8 @@ TEST_CASE("train --init given a config (no weights) is a usage error, not a sile
            "--epochs 1 -q -o " + d.path + "/run > " + d.file("log") + " 2>&1") == 2);
   CHECK(slurp(d.file("log")).find("is a model config (no weights); --init takes trained weights") != std::string::npos);
   CHECK(!fs::exists(d.path + "/run"));
+  // a path that is not there says so (not that it is neither a file nor a shipped config)
+  CHECK(sh(cli() + " train --init " + d.file("gone/model.json") + " --data " + d.path + "/data -b 4 --threads 1 " +
+           "--epochs 1 -q -o " + d.path + "/run > " + d.file("log") + " 2>&1") == 1);
+  CHECK(slurp(d.file("log")).find(d.file("gone/model.json") + ": no such file") != std::string::npos);
 }

@@ -524,7 +524,9 @@ TEST_CASE("convert and quantize write over an earlier relpos model only, not ove
   }
   CHECK(text(image) == image_bytes);
   CHECK(text(config) == config_bytes);
-  // an earlier model is replaced
+  // an earlier model is replaced, and an empty file (mktemp's)
+  std::ofstream(d.file("empty.safetensors")).close();
+  CHECK(run_cli("convert botnet-fmnist " + d.file("empty.safetensors")).status == 0);
   REQUIRE(run_cli("convert botnet-fmnist " + d.file("m.safetensors")).status == 0);
   CHECK(run_cli("convert botnet-fmnist " + d.file("m.safetensors")).status == 0);
   REQUIRE(run_cli("convert botnet-fmnist " + d.file("m.json")).status == 0);

@@ -558,6 +558,31 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
   CHECK(threads_in_use() == omp_get_num_procs());  // the run's count ends with the run
 }
 
+TEST_CASE("a run whose recorded --save has no .json or .safetensors extension (older relpos wrote JSON to any name) resumes") {
+  test::TempDir dir;
+  TrainOptions o = train_one_epoch(dir);
+  const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
+  const SafetensorsFile f = SafetensorsFile::read(ckpt);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
+  auto meta = f.metadata();
+  nlohmann::json oj = nlohmann::json::parse(meta.at("relpos.train_options"));
+  oj["save"] = dir.path + "/final.weights";
+  meta["relpos.train_options"] = oj.dump();
+  write_safetensors(ckpt, tensors, meta);
+  Model m = Model::create(test::tiny_rgb_config(), 5);
+  TrainOptions more = o;
+  more.save.clear();  // not given now: the run's own
+  more.extend_lr = 0.01f;  // (a finished run ends at a rate of 0)
+  train(m, more, ckpt, nullptr, 2);
+  CHECK(std::filesystem::exists(dir.path + "/final.weights"));
+  // given now, the rule holds
+  more.save = dir.path + "/other.weights";
+  Model again = Model::create(test::tiny_rgb_config(), 5);
+  CHECK_THROWS_WITH_AS(train(again, more, ckpt, nullptr, 3), doctest::Contains("give a file name with one of these extensions"),
+                       Error);
+}
+
 TEST_CASE("a training option that is NaN is an error naming it, before any work (it trained with the option off, unresumable)") {
   test::TempDir dir;
   test::make_pattern_dataset(dir.path + "/data", 4, 2);

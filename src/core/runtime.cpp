@@ -1,6 +1,7 @@
 // Process-wide settings (relpos/runtime.hpp).
 #include "relpos/runtime.hpp"
 
+#include <algorithm>
 #include <omp.h>
 
 #include <dirent.h>

@@ -60,23 +60,24 @@ void write_atomically(const std::string& requested, const std::function<void(std
   }
 }
 
-void check_regular_file(const std::string& path, const char* what) {
+void check_regular_file(const std::string& path, const char* what, bool allow_pipe) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_type type = fs::status(path, ec).type();
   if (ec || type == fs::file_type::not_found || type == fs::file_type::directory || type == fs::file_type::regular) return;
+  if (allow_pipe && type == fs::file_type::fifo) return;
   const char* kind = type == fs::file_type::fifo        ? "a named pipe (FIFO)"
                      : type == fs::file_type::character ? "a character device"
                      : type == fs::file_type::block     ? "a block device"
                      : type == fs::file_type::socket    ? "a socket"
                                                         : "not a regular file";
-  RELPOS_FAIL(path << ": is " << kind << ", not a file; relpos reads " << what << "s from regular files");
+  RELPOS_FAIL(path << ": is " << kind << ", not a file; relpos reads " << what << " from regular files");
 }
 
 std::string read_file(const std::string& path) {
   std::error_code ec;
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a directory, expected a file");
-  check_regular_file(path, "file");
+  check_regular_file(path, "its inputs");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   RELPOS_CHECK(in, "cannot open '" << path << "': " << std::strerror(errno));
   const std::streamsize size = in.tellg();

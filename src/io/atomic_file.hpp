@@ -15,9 +15,11 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 std::string read_file(const std::string& path);
 
 // Throws relpos::Error naming the path when it is something other than a regular file that can
-// be read to its end: a named pipe (opening one waits for a writer, forever if none comes), a
-// device (/dev/zero never ends), a socket. Missing paths and folders are left to the caller's
-// own message. `what` names the file's role ("image", "labels file", ...).
-void check_regular_file(const std::string& path, const char* what);
+// be read to its end: a named pipe (opening one waits for a writer, forever if none comes; and
+// images and models are read by their size, which a pipe has not), a device (/dev/zero never
+// ends), a socket. With allow_pipe, a pipe passes (a labels file read line by line from
+// `<(...)`). Missing paths and folders are left to the caller's own message. `what` names the
+// files in the plural ("images", "labels files", ...).
+void check_regular_file(const std::string& path, const char* what, bool allow_pipe = false);
 
 }  // namespace relpos::detail

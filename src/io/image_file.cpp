@@ -117,7 +117,7 @@ cv::Mat decode_image_bytes(const std::string& bytes, const std::string& name, st
 }
 
 cv::Mat decode_image_file(const std::string& path) {
-  check_regular_file(path, "image");
+  check_regular_file(path, "images");
   return decode_image_bytes(read_file(path), path, max_image_pixels());
 }
 

@@ -62,7 +62,7 @@ T load_le(const char* p) {
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  detail::check_regular_file(path, "safetensors file");
+  detail::check_regular_file(path, "safetensors files");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   RELPOS_CHECK(in, "cannot open safetensors file '" << path << "': " << std::strerror(errno));
   const std::streamsize size = in.tellg();

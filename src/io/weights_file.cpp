@@ -314,7 +314,7 @@ ModelFileKind model_file_kind(const std::string& path) {
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such file");
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec),
                path << ": is a directory; expected a model file (.json or .safetensors)");
-  check_regular_file(path, "model file");
+  check_regular_file(path, "model files");
   std::ifstream in(path, std::ios::binary);
   RELPOS_CHECK(in, path << ": cannot open the file");
   // safetensors: an 8-byte little-endian header length that fits the file, then the header's '{'.
@@ -356,16 +356,53 @@ ModelFileKind model_file_kind(const std::string& path) {
   RELPOS_FAIL(path << ": empty file");
 }
 
+namespace {
+// The value of the top-level "format" key of a JSON file, read as a stream of events that stops
+// there (a weights file is not parsed whole to learn it); "" when there is none.
+struct TopLevelFormat : nlohmann::json_sax<json> {
+  int depth = 0;
+  bool next_is_format = false;
+  std::string format;
+  bool null() override { return next_is_format = false, true; }
+  bool boolean(bool) override { return next_is_format = false, true; }
+  bool number_integer(number_integer_t) override { return next_is_format = false, true; }
+  bool number_unsigned(number_unsigned_t) override { return next_is_format = false, true; }
+  bool number_float(number_float_t, const string_t&) override { return next_is_format = false, true; }
+  bool string(string_t& v) override {
+    if (next_is_format) return format = v, false;  // found: stop
+    return true;
+  }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return next_is_format = false, ++depth <= kMaxJsonDepth; }
+  bool end_object() override { return --depth > 0; }  // the top level's end: stop
+  bool start_array(std::size_t) override { return next_is_format = false, ++depth <= kMaxJsonDepth; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override { return next_is_format = depth == 1 && k == "format", true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+}  // namespace
+
 bool is_relpos_model_file(const std::string& path) {
   try {
     if (model_file_kind(path) == ModelFileKind::Safetensors) {
-      const SafetensorsFile f = SafetensorsFile::read(path);
-      const auto it = f.metadata().find("relpos.format");
-      return it != f.metadata().end() && it->second == "relpos-weights";
+      // the header alone: its length, then the JSON text holding __metadata__
+      std::ifstream in(path, std::ios::binary);
+      unsigned char len[8];
+      if (!in.read(reinterpret_cast<char*>(len), 8)) return false;
+      std::uint64_t n = 0;
+      for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+      if (n > (std::uint64_t{100} << 20)) return false;
+      std::string header(static_cast<std::size_t>(n), '\0');
+      if (!in.read(header.data(), static_cast<std::streamsize>(n))) return false;
+      const json h = parse_json_text(header, path);
+      return h.contains("__metadata__") && h["__metadata__"].is_object() &&
+             h["__metadata__"].value("relpos.format", std::string()) == "relpos-weights";
     }
-    const json j = read_json_file(path);
-    return j.is_object() && j.contains("format") && j["format"] == kFormat;
-  } catch (const Error&) {
+    std::ifstream in(path, std::ios::binary);
+    TopLevelFormat sax;
+    json::sax_parse(in, &sax, json::input_format_t::json, /*strict=*/false);
+    return sax.format == kFormat;
+  } catch (const std::exception&) {  // relpos::Error, a JSON type error, bad_alloc: not one to replace
     return false;
   }
 }

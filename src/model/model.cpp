@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <numeric>
 #include <set>
 
@@ -255,16 +256,23 @@ std::vector<std::string> read_labels(const std::string& path) {
   std::error_code ec;
   RELPOS_CHECK(std::filesystem::exists(path, ec), path << ": no such labels file");
   RELPOS_CHECK(!std::filesystem::is_directory(path, ec), path << ": is a folder; expected a labels file (one label per line)");
-  detail::check_regular_file(path, "labels file");
-  // a label list is small: a file of gigabytes is a mistake (and would be read into memory)
-  const auto bytes = std::filesystem::file_size(path, ec);
-  RELPOS_CHECK(ec || bytes <= (64u << 20), path << ": " << bytes << " bytes is too large for a labels file (at most 64 MiB)");
-  std::ifstream in(path);
+  detail::check_regular_file(path, "labels files", /*allow_pipe=*/true);  // <(cut -f2 classes.tsv) reads
+  std::ifstream in(path, std::ios::binary);
   RELPOS_CHECK(in, path << ": cannot open the labels file");
+  // A label list is small: more than 64 MiB is a mistake, read in blocks so that one without end
+  // (a pipe from /dev/zero) stops there instead of filling the memory.
+  constexpr std::size_t kMax = std::size_t{64} << 20;
+  std::string text;
+  char block[1 << 16];
+  while (in.read(block, sizeof(block)) || in.gcount() > 0) {
+    text.append(block, static_cast<std::size_t>(in.gcount()));
+    RELPOS_CHECK(text.size() <= kMax, path << ": more than 64 MiB, too large for a labels file");
+  }
+  std::istringstream lines(text);
   std::vector<std::string> out;
   std::string line;
   long number = 0, blank = 0;  // the first blank line's number
-  while (std::getline(in, line)) {
+  while (std::getline(lines, line)) {
     ++number;
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
     if (line.empty()) {

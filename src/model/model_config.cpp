@@ -181,9 +181,10 @@ bool lies_under(const std::filesystem::path& file, const std::filesystem::path& 
   const fs::path d = fs::weakly_canonical(dir, ec);
   if (ec) return false;
   auto fi = f.begin();
-  for (auto di = d.begin(); di != d.end(); ++di, ++fi) {
+  for (auto di = d.begin(); di != d.end(); ++di) {
     if (di->empty()) continue;  // the trailing "" of a path ending in '/'
     if (fi == f.end() || *fi != *di) return false;
+    ++fi;
   }
   return true;
 }

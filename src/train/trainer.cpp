@@ -306,11 +306,12 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       RELPOS_CHECK(!fs::is_directory(opts.save, ec), opts.save << ": is a folder; --save takes a file name");
       // the model is written as its extension says; a file already there is replaced only when it is a
       // relpos model (an image, a config or a timm checkpoint there would be lost)
+      // (a resumed run's recorded --save was written as JSON under any name before this rule)
       const std::string ext = fs::path(opts.save).extension().string();
-      RELPOS_CHECK(ext == ".json" || ext == ".safetensors",
+      RELPOS_CHECK((ck && options.save.empty()) || ext == ".json" || ext == ".safetensors",
                    opts.save << ": --save writes relpos weights JSON (.json) or safetensors (.safetensors); "
                                 "give a file name with one of these extensions");
-      RELPOS_CHECK(!fs::exists(opts.save, ec) || detail::is_relpos_model_file(opts.save),
+      RELPOS_CHECK(!fs::exists(opts.save, ec) || fs::file_size(opts.save, ec) == 0 || detail::is_relpos_model_file(opts.save),
                    opts.save << ": is there and is not a relpos model file; --save replaces only those (give "
                                 "another file name, or remove it first)");
       check_writable_folder(parent.string(), "the folder of the model file");

@@ -298,7 +298,8 @@ void check_output_file(const std::string& path, const std::string& flag, const s
                      path << ": " << flag << " is the input model; write " << what << " to another file");
   // a model is written over an earlier model only (a training checkpoint, a config, an image or a
   // timm checkpoint there was replaced without a word)
-  RELPOS_CHECK(!model || !fs::exists(path, ec) || fs::is_directory(path, ec) || is_relpos_model_file(path),
+  RELPOS_CHECK(!model || !fs::exists(path, ec) || fs::is_directory(path, ec) || fs::file_size(path, ec) == 0 ||
+                   is_relpos_model_file(path),  // (an empty file: mktemp's, say)
                path << ": is there and is not a relpos model file; " << flag
                     << " replaces only those (give another file name, or remove it first)");
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();

@@ -145,7 +145,9 @@ void run_attention(const BenchArgs& a) {
                      "--sasa takes an odd window of 1 to 15, as a config's sasa.kernel, got " << a.sasa);
   RELPOS_USAGE_CHECK(h <= 4096 && w <= 4096 && a.heads <= 256 && a.dim <= 4096,
                      "--attention takes a map of at most 4096 x 4096, --heads at most 256 and --dim at most 4096");
-  const double floats = static_cast<double>(a.batch) * a.heads * a.dim * h * w;
+  // the maps, and BoTNet's global attention's logits, (h w)^2 per head
+  const double floats = static_cast<double>(a.batch) * a.heads *
+                        (static_cast<double>(a.dim) * h * w + (a.sasa > 0 ? 0.0 : static_cast<double>(h) * w * h * w));
   RELPOS_USAGE_CHECK(floats * 4.0 * 8.0 <= 16.0 * (1 << 30),
                      "--attention " << h << " " << w << " with --heads " << a.heads << ", --dim " << a.dim << " and --batch "
                                     << a.batch << " would need more than 16 GiB; give a smaller size");
