@@ -181,6 +181,14 @@ TEST_CASE("--mean and --std take one value or one per channel; anything else is 
   CHECK(r.out.find("e.g. --mean 127.5") != std::string::npos);  // its example in its own units, 0..255
   r = run_cli("classify -m botnet26t_256 --std 0 " + photo());
   CHECK(r.status == 2);
+  // numbers beyond float32's range are named as such (they were "not numbers"; 1e-45 then stopped
+  // the run with a message from the library, and the message's own formatting threw)
+  r = run_cli("classify -m botnet26t_256 --std 1e-45 " + photo());
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--std must not be zero, nor as small as 1.4013e-45 (a subnormal float32)") != std::string::npos);
+  r = run_cli("classify -m botnet26t_256 --mean 1e39 " + photo());
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--mean 1e39 is beyond float32's range") != std::string::npos);
   // three values on an RGB model are fine
   CHECK(run_cli("classify -q -m botnet26t_256 --mean 120,115,100 --std 0.2,0.2,0.2 " + photo()).status == 0);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -144,12 +145,14 @@ std::vector<float> per_channel(const std::optional<std::string>& text, const cha
   std::string item;
   while (std::getline(ss, item, ',')) {
     std::size_t used = 0;
-    float x = 0.0f;
+    double d = 0.0;
     try {
-      x = std::stof(item, &used);
+      d = std::stod(item, &used);  // (stof refused 1e-45 and 1e39 as "not numbers": out of float's range)
     } catch (const std::exception&) {
       used = 0;
     }
+    RELPOS_USAGE_CHECK(used == 0 || std::fabs(d) <= 3.0e38, flag << " " << item << " is beyond float32's range");
+    const float x = static_cast<float>(d);
     RELPOS_USAGE_CHECK(used > 0 && item.find_first_not_of(" ", used) == std::string::npos && std::isfinite(x),
                  flag << " takes numbers separated by commas (e.g. " << flag
                       << (std::string(flag) == "--mean" ? " 127.5 or --mean 123.675,116.28,103.53, in pixel units 0..255"
@@ -243,7 +246,10 @@ void PreprocessOptions::apply(Model& model) const {
   // OpenCV's (pixel - mean) * scale / std: our mean is after scaling.
   for (std::size_t c = 0; c < 3 && !mean_v.empty(); ++c) p.mean[c] = mean_v[mean_v.size() == 1 ? 0 : c] * p.scale;
   for (std::size_t c = 0; c < 3 && !std_v.empty(); ++c) p.std[c] = std_v[std_v.size() == 1 ? 0 : c];
-  for (float s : p.std) RELPOS_USAGE_CHECK(s != 0.0f, "--std must not be zero");
+  for (float s : p.std)
+    RELPOS_USAGE_CHECK(std::isnormal(s), "--std must not be zero"
+                                             << (s != 0.0f ? ", nor as small as " + shortest(s) + " (a subnormal float32)"
+                                                           : std::string()));
   if (crop) p.crop = *crop;
   if (crop_pct) p.crop_pct = *crop_pct;
   if (crop_mode) p.crop_mode = parse_crop_mode(*crop_mode);
@@ -269,7 +275,7 @@ std::string shortest(float v) {
   for (int digits = 6; digits < 10; ++digits) {
     std::ostringstream os;
     os << std::setprecision(digits) << v;
-    if (std::stof(os.str()) == v) return os.str();
+    if (std::strtof(os.str().c_str(), nullptr) == v) return os.str();  // (stof throws on subnormals)
   }
   std::ostringstream os;
   os << std::setprecision(9) << v;
