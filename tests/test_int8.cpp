@@ -590,6 +590,11 @@ TEST_CASE("relpos quantize: bad calibration folders and a model that cannot be q
     const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
     CHECK(line.find(" float ") != std::string::npos);
   }
+  // a name that is no such layer: a usage error (it was exit 1, after reading the calibration images)
+  r = run_cli("quantize -m " + cfg + " --calib " + dir.file("pat") + " -o " + dir.file("q3.json") +
+              " --keep-float nolayer");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--keep-float: 'nolayer' is not a layer of") != std::string::npos);
   // an int8 model cannot be quantized again
   r = run_cli("quantize -m " + dir.file("q.json") + " --calib " + dir.file("pat") + " -o " + dir.file("q2.json"));
   CHECK(r.status == 1);

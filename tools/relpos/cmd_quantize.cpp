@@ -1,4 +1,5 @@
 // relpos quantize: a float model to an int8 one (docs/int8.md), calibrated on images.
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -91,6 +92,12 @@ void run(const QuantizeArgs& a) {
   }
   Model model = a.model.load();
   RELPOS_CHECK(model.device() == Device::CPU, "quantize runs on the CPU (int8 models run on the CPU only)");
+  // a bad value of the flag: a usage error, before the calibration images are read
+  const std::vector<std::string> layers = model.network().quantizable_layers();
+  for (const std::string& k : opt.keep_float)
+    RELPOS_USAGE_CHECK(std::find(layers.begin(), layers.end(), k) != layers.end(),
+                       "--keep-float: '" << k << "' is not a layer of " << model.network().config().name
+                                         << " that can run in int8 (relpos quantize lists them)");
   const std::vector<Tensor> calib = calibration_batches(a, model);
   QuantizeReport r;
   try {
