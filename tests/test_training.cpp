@@ -59,6 +59,17 @@ TrainOptions train_one_epoch(const test::TempDir& dir) {
   return o;
 }
 
+// Writes `to` as the checkpoint `from` with its metadata edited (the two may be one file).
+void rewrite_metadata(const std::string& from, const std::string& to,
+                      const std::function<void(std::map<std::string, std::string>&)>& edit) {
+  const SafetensorsFile f = SafetensorsFile::read(from);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
+  std::map<std::string, std::string> meta = f.metadata();
+  edit(meta);
+  write_safetensors(to, tensors, meta);
+}
+
 void write_gz(const std::string& path, const std::vector<std::uint8_t>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
@@ -562,14 +573,11 @@ TEST_CASE("a run whose recorded --save has no .json or .safetensors extension (o
   test::TempDir dir;
   TrainOptions o = train_one_epoch(dir);
   const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
-  const SafetensorsFile f = SafetensorsFile::read(ckpt);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
-  auto meta = f.metadata();
-  nlohmann::json oj = nlohmann::json::parse(meta.at("relpos.train_options"));
-  oj["save"] = dir.path + "/final.weights";
-  meta["relpos.train_options"] = oj.dump();
-  write_safetensors(ckpt, tensors, meta);
+  rewrite_metadata(ckpt, ckpt, [&](std::map<std::string, std::string>& meta) {
+    nlohmann::json oj = nlohmann::json::parse(meta.at("relpos.train_options"));
+    oj["save"] = dir.path + "/final.weights";
+    meta["relpos.train_options"] = oj.dump();
+  });
   Model m = Model::create(test::tiny_rgb_config(), 5);
   TrainOptions more = o;
   more.save.clear();  // not given now: the run's own
@@ -606,15 +614,9 @@ TEST_CASE("a checkpoint with missing or impossible progress is an error naming t
   test::TempDir dir;
   TrainOptions o = train_one_epoch(dir);
   const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
-  const SafetensorsFile f = SafetensorsFile::read(ckpt);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.tensor(e.name));
   const auto damaged = [&](const std::string& name, const std::function<void(std::map<std::string, std::string>&)>& edit) {
-    std::map<std::string, std::string> meta = f.metadata();
-    edit(meta);
-    const std::string path = dir.file(name);
-    write_safetensors(path, tensors, meta);
-    return path;
+    rewrite_metadata(ckpt, dir.file(name), edit);
+    return dir.file(name);
   };
   // a missing entry said "map::at"
   std::string p = damaged("a.safetensors", [](auto& meta) { meta.erase("relpos.progress"); });
