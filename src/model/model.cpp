@@ -197,17 +197,23 @@ Model Model::create(const std::string& config, std::uint32_t seed) {
   return model_of_file(config, network_of_file(config, fc.config, seed, /*initialize=*/true), fc);
 }
 
-Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
+namespace {
+// The file open() reads: the path itself, else the name of a shipped model or config
+// (models/<name>.json); a path (with '/' or '.') that is not there is "no such file", and a folder
+// of a shipped model's name does not hide it.
+std::string model_path(const std::string& path_or_name) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  std::string path = path_or_name;
-  const bool looks_like_path = path.find('/') != std::string::npos || path.find('.') != std::string::npos;
-  if (!fs::exists(path, ec) || (!looks_like_path && fs::is_directory(path, ec))) {
-    // not a file: the name of a shipped model or config (models/<name>.json), else an error (a folder
-    // of that name stays the error it is when there is no such shipped model)
-    RELPOS_CHECK(!looks_like_path, path << ": no such file");
-    path = find_config(path_or_name);
-  }
+  const bool looks_like_path = path_or_name.find('/') != std::string::npos || path_or_name.find('.') != std::string::npos;
+  if (fs::exists(path_or_name, ec) && (looks_like_path || !fs::is_directory(path_or_name, ec))) return path_or_name;
+  // (a folder of that name stays the error it is when there is no such shipped model)
+  RELPOS_CHECK(!looks_like_path, path_or_name << ": no such file");
+  return find_config(path_or_name);
+}
+}  // namespace
+
+Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
+  const std::string path = model_path(path_or_name);
   if (detail::model_file_kind(path) != detail::ModelFileKind::Config) return load(path, options);
   Model m = create(path, options.seed);
   m.to(options.device);
@@ -217,12 +223,7 @@ Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
 bool is_relpos_model_file(const std::string& path) { return detail::is_relpos_model_file(path); }
 
 bool holds_weights(const std::string& path_or_name) {
-  std::error_code ec;
-  // as open(): a file, else the name of a shipped model or config
-  const std::string path = std::filesystem::exists(path_or_name, ec) && !std::filesystem::is_directory(path_or_name, ec)
-                               ? path_or_name
-                               : find_config(path_or_name);
-  return detail::model_file_kind(path) != detail::ModelFileKind::Config;
+  return detail::model_file_kind(model_path(path_or_name)) != detail::ModelFileKind::Config;  // as open() reads it
 }
 
 void Model::save_json(const std::string& path, TensorEncoding encoding) const {

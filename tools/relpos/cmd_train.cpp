@@ -63,12 +63,9 @@ Model starting_model(TrainArgs& a, Device device) {
   }
   if (a.init.empty()) return Model::create(a.config, a.init_seed);
   // a config given as --init started from random weights, as if fine-tuning, without a word (a path
-  // that is not there is left to Model::open's "no such file")
-  const bool looks_like_path = a.init.find('/') != std::string::npos || a.init.find('.') != std::string::npos;
-  std::error_code ec;
-  RELPOS_USAGE_CHECK((looks_like_path && !std::filesystem::exists(a.init, ec)) || holds_weights(a.init),
-                     "--init " << a.init << " is a model config (no weights); --init takes trained weights to fine-tune "
-                                            "from: give a config as --config");
+  // that is not there: holds_weights says "no such file", as Model::open does)
+  RELPOS_USAGE_CHECK(holds_weights(a.init), "--init " << a.init << " is a model config (no weights); --init takes trained "
+                                                      "weights to fine-tune from: give a config as --config");
   a.opt.init = a.init;
   a.opt.init_config = a.config;
   LoadOptions lo;
