@@ -33,7 +33,7 @@ void check_disjoint(const std::vector<std::shared_ptr<void>>& bufs, const std::v
 
 }  // namespace
 
-TEST_CASE("RELPOS_HUGE_PAGES=0 turns huge pages off; unset or anything else leaves them on") {
+TEST_CASE("RELPOS_HUGE_PAGES=0 turns huge pages off; unset, empty or 1 leaves them on") {
   // (ctest runs this file with and without it: test_host_memory_no_huge_pages)
   const char* env = std::getenv("RELPOS_HUGE_PAGES");
   CHECK(detail::huge_pages_wanted() == !(env && std::strcmp(env, "0") == 0));

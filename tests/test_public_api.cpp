@@ -180,6 +180,43 @@ TEST_CASE("threads: OMP_NUM_THREADS in the environment is the default") {
   CHECK(nlohmann::json::parse(run.out.substr(run.out.rfind('{')))["threads"].get<int>() == 1);
 }
 
+TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an error naming it; empty means unset") {
+  // They used to be ignored: RELPOS_SIMD=avx-512 ran the default kernels, RELPOS_HOST_CACHE_MB=lots
+  // cached nothing, RELPOS_PROFILE= (empty) turned profiling on.
+  const std::string classify = "classify -m " + test::source_dir() + "/models/botnet-fmnist.json " + test::source_dir() +
+                               "/samples/bag_00018.png --topk 1";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"RELPOS_SIMD=avx-512", "RELPOS_SIMD='avx-512': expected generic, avx2 or avx512"},
+      {"RELPOS_WINOGRAD=off", "RELPOS_WINOGRAD='off': expected 0 or 1"},
+      {"RELPOS_HUGE_PAGES=no", "RELPOS_HUGE_PAGES='no': expected 0 or 1"},
+      {"RELPOS_ADAPTIVE_THREADS=false", "RELPOS_ADAPTIVE_THREADS='false': expected 0 or 1"},
+      {"RELPOS_MERGE_SHORTCUT=yes", "RELPOS_MERGE_SHORTCUT='yes'"},
+      {"RELPOS_PROFILE=on", "RELPOS_PROFILE='on'"},
+      {"RELPOS_HOST_CACHE_MB=lots", "RELPOS_HOST_CACHE_MB='lots': expected a whole number of MiB"},
+      {"RELPOS_HOST_CACHE_MB=-1", "RELPOS_HOST_CACHE_MB='-1'"},
+      {"RELPOS_CUDA_CACHE_MB=99999999999999999999", "RELPOS_CUDA_CACHE_MB='99999999999999999999'"},
+  };
+  for (const auto& [env, message] : bad) {
+    INFO(env);
+    const auto run = test::run_cli(classify, false, env);
+    INFO(run.out);
+    CHECK(run.status == 1);
+    CHECK(run.out.find("environment variable " + message) != std::string::npos);
+    CHECK(run.out.find("Bag") == std::string::npos);
+  }
+  // empty (as unset) and the accepted values run
+  const auto fine = test::run_cli(classify, false,
+                                  "RELPOS_SIMD= RELPOS_PROFILE= RELPOS_HOST_CACHE_MB= RELPOS_WINOGRAD=1 RELPOS_HUGE_PAGES=1 "
+                                  "RELPOS_CUDA_CACHE_MB=0");
+  INFO(fine.out);
+  CHECK(fine.status == 0);
+  CHECK(fine.out.find("Bag") != std::string::npos);
+  CHECK(fine.out.find("profile (RELPOS_PROFILE)") == std::string::npos);  // an empty RELPOS_PROFILE is no profile at exit
+  CHECK(test::run_cli(classify, false, "RELPOS_PROFILE=1").out.find("profile (RELPOS_PROFILE)") != std::string::npos);
+  const auto avx512 = test::run_cli(classify, true, "RELPOS_SIMD=avx512");
+  CHECK(avx512.status == 0);
+}
+
 TEST_CASE("threads: the setting and what a call uses") {
   const int before = num_threads();
   set_num_threads(1);

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "core/environment.hpp"
 #include "core/huge_page_arena.hpp"
 #include "relpos/error.hpp"
 
@@ -143,11 +144,7 @@ void host_free(void* p) {
 CachingAllocator& host_allocator() {
   // Blocks of 256 KiB and more are cached (smaller ones come from malloc's own arenas quickly);
   // up to RELPOS_HOST_CACHE_MB (default 4096) MiB stay idle.
-  static CachingAllocator a(host_alloc, host_free, kMinCached,
-                            static_cast<std::size_t>(std::getenv("RELPOS_HOST_CACHE_MB")
-                                                         ? std::atol(std::getenv("RELPOS_HOST_CACHE_MB"))
-                                                         : 4096)
-                                << 20);
+  static CachingAllocator a(host_alloc, host_free, kMinCached, setting_mib("RELPOS_HOST_CACHE_MB", 4096));
   return a;
 }
 

@@ -1,4 +1,5 @@
 #include "core/huge_page_arena.hpp"
+#include "core/environment.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -38,7 +39,7 @@ struct Slab {
 
 bool huge_pages_wanted() {
   static const bool on = [] {
-    const char* env = std::getenv("RELPOS_HUGE_PAGES");
+    const char* env = setting("RELPOS_HUGE_PAGES");
     return !(env && std::strcmp(env, "0") == 0);
   }();
   return on;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/device_memory.hpp"
+#include "core/environment.hpp"
 #include "core/runtime_internal.hpp"
 #include "relpos/runtime.hpp"
 
@@ -38,7 +40,7 @@ class Profile {
     return *p;
   }
   static bool env() {
-    static const bool on = std::getenv("RELPOS_PROFILE") && std::getenv("RELPOS_PROFILE")[0] != '0';
+    static const bool on = setting("RELPOS_PROFILE") && std::strcmp(setting("RELPOS_PROFILE"), "0") != 0;
     return on;
   }
   // One op's time (part null), or a part of the outermost op's (profile_parts()).

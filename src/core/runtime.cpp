@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "core/environment.hpp"
 #include "core/runtime_internal.hpp"
 #include "relpos/error.hpp"
 
@@ -90,7 +91,7 @@ const int g_openmp_default = std::min(1024, omp_get_max_threads());
 int adaptive_threads() {
   static const int all = g_openmp_default;
   static const bool enabled = [] {
-    const char* off = std::getenv("RELPOS_ADAPTIVE_THREADS");
+    const char* off = detail::setting("RELPOS_ADAPTIVE_THREADS");
     // /proc/loadavg counts the runnable threads of every CPU: it says how busy our cores are only
     // when this process may use all of them (not inside a cpuset of fewer CPUs)
     return std::getenv("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0) &&
@@ -112,6 +113,7 @@ int adaptive_threads() {
 }  // namespace
 
 void detail::apply_thread_setting() {
+  check_environment();
   const int set = g_num_threads;
   const int fixed = g_fixed_count > 0 ? g_fixed_count.load() : std::max(1, g_openmp_default);
   const int n = set > 0 ? set : g_fixed_runs > 0 ? fixed : adaptive_threads();

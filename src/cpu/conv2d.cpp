@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/environment.hpp"
 #include "cpu/conv1x1_grads.hpp"
 #include "cpu/conv2d_narrow_input.hpp"
 #include "cpu/conv2d_winograd.hpp"
@@ -26,7 +27,7 @@ namespace winograd {
 
 bool available() {
   static const bool on = [] {
-    const char* env = std::getenv("RELPOS_WINOGRAD");
+    const char* env = detail::setting("RELPOS_WINOGRAD");
     return !(env && std::string(env) == "0") && avx2_kernels();
   }();
   return on;

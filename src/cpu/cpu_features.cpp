@@ -3,13 +3,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/environment.hpp"
+
 namespace relpos::cpu {
 
 namespace {
 
-// The highest level RELPOS_SIMD allows: 0 generic, 1 AVX2, 2 AVX-512 (unset or anything else).
+// The highest level RELPOS_SIMD allows: 0 generic, 1 AVX2, 2 AVX-512 (avx512 or unset; other values
+// are refused by check_environment).
 int simd_cap() {
-  const char* force = std::getenv("RELPOS_SIMD");
+  const char* force = detail::setting("RELPOS_SIMD");
   if (force && std::strcmp(force, "generic") == 0) return 0;
   if (force && std::strcmp(force, "avx2") == 0) return 1;
   return 2;

@@ -10,6 +10,7 @@
 
 #include "core/caching_allocator.hpp"
 #include "core/device_memory.hpp"
+#include "core/environment.hpp"
 #include "cuda/cuda_common.hpp"
 #include "relpos/ops.hpp"
 
@@ -175,8 +176,7 @@ class StreamPools {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& a = pools_[id];
     if (!a) {
-      const char* env = std::getenv("RELPOS_CUDA_CACHE_MB");
-      const std::size_t cap = static_cast<std::size_t>(env ? std::atol(env) : 32768) << 20;
+      const std::size_t cap = detail::setting_mib("RELPOS_CUDA_CACHE_MB", 32768);
       a = std::make_shared<CachingAllocator>(
           [](std::size_t n) -> void* {
             void* q = nullptr;

@@ -1,6 +1,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/environment.hpp"
 #include "layers/activation_observer.hpp"
 #include "layers/blocks.hpp"
 #include "relpos/error.hpp"
@@ -17,7 +18,7 @@ namespace {
 // 1.06x once 1x1 convolutions fold the batch into the height); at stride 1 it is not (0.84x at batch
 // 8). RELPOS_MERGE_SHORTCUT=1 merges every projection shortcut, 0 none (for tests and measurements).
 bool merges_shortcut(int in_channels, int stride) {
-  static const char* env = std::getenv("RELPOS_MERGE_SHORTCUT");
+  static const char* env = detail::setting("RELPOS_MERGE_SHORTCUT");
   if (env && std::strcmp(env, "1") == 0) return true;
   if (env && std::strcmp(env, "0") == 0) return false;
   return stride == 2 && in_channels >= 256;
