@@ -504,6 +504,16 @@ TEST_CASE("int8 bad input: errors name the problem") {
   CHECK_THROWS_WITH_AS(Model::load(write(u8stem, "u.json")),
                        doctest::Contains("the int8 layer stem takes u8 input (never negative), but this preprocessing"),
                        Error);
+  // with a mean of 0 it takes a u8 first layer; a negative std makes every input negative (every
+  // pixel read as 0 in u8), and was let through
+  auto u8zero = u8stem;
+  for (auto& m : u8zero["preprocess"]["mean"]) m = 0.0;
+  CHECK_NOTHROW(Model::load(write(u8zero, "u0.json")));
+  auto u8neg = u8zero;
+  for (auto& sd : u8neg["preprocess"]["std"]) sd = -sd.get<double>();
+  CHECK_THROWS_WITH_AS(Model::load(write(u8neg, "un.json")),
+                       doctest::Contains("the int8 layer stem takes u8 input (never negative), but this preprocessing"),
+                       Error);
   auto scale = j;
   scale["tensors"]["stem.conv.input_scale"]["data"][0] = 0.0;
   CHECK_THROWS_WITH_AS(Model::load(write(scale, "e.json")), doctest::Contains("input_scale"), Error);

@@ -68,6 +68,17 @@ TEST_CASE("saving: a 255-byte file name, and a link, which stays a link to the n
   check_bit_exact(m, Model::load(dir.file("real/m.safetensors")));
   for (const auto& e : fs::directory_iterator(dir.path))  // no temporary left behind
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  // a file replaced keeps its permissions (a private model became world-readable)
+  for (const auto perms : {fs::perms::owner_read | fs::perms::owner_write, fs::perms::owner_all | fs::perms::group_read}) {
+    m.save_json(dir.file("private.json"));
+    fs::permissions(dir.file("private.json"), perms);
+    m.save_json(dir.file("private.json"));
+    CHECK(fs::status(dir.file("private.json")).permissions() == perms);
+    m.save_safetensors(dir.file("link.safetensors"));  // through the link: its target's
+    fs::permissions(dir.file("real/m.safetensors"), perms);
+    m.save_safetensors(dir.file("link.safetensors"));
+    CHECK(fs::status(dir.file("real/m.safetensors")).permissions() == perms);
+  }
 }
 
 TEST_CASE("JSON weights round-trip bit for bit, base64 and plain numbers") {
@@ -403,6 +414,13 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
     json j = good;
     j["version"] = 3;  // 2 is an int8 model's (docs/int8.md)
     expect(j, "version 3 is not supported");
+    // a version past 32 bits wrapped: 4294967297 read as 1 and loaded
+    for (const std::uint64_t v : {4294967297ULL, 4294967298ULL, 1099511627776ULL, 18446744073709551615ULL}) {
+      j["version"] = v;
+      expect(j, "version " + std::to_string(v) + " is not supported");
+    }
+    j["version"] = -4294967295LL;
+    expect(j, "version -4294967295 is not supported");
   }
   {
     json j = good;

@@ -1,6 +1,7 @@
 #include "io/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -49,6 +50,9 @@ void write_atomically(const std::string& requested, const std::function<void(std
     }
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd >= 0) {
+      // a file replaced keeps its permissions (a private 0600 model became 0644)
+      struct stat before {};
+      if (::stat(path.c_str(), &before) == 0) (void)::fchmod(fd, before.st_mode & 07777);
       ::fsync(fd);
       ::close(fd);
     }

@@ -31,6 +31,8 @@ struct ModelFile {
   ModelConfig config;
   std::vector<std::string> labels;
   std::optional<Preprocess> preprocess;
+  // The preprocessing keys the file gives itself (a config's preprocess holds defaults for the rest).
+  std::set<std::string> preprocess_keys;
   std::vector<std::pair<std::string, Tensor>> tensors;  // empty for a config
   // An int8 model (format version 2, docs/int8.md): its int8 layers (their input scales are
   // tensors, filled in by assign_tensors) and the names of the tensors the file stores as int8.

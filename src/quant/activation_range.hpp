@@ -12,12 +12,15 @@
 
 namespace relpos::detail {
 
-// The lowest value a preprocessing gives the network (a black pixel's: -mean / std, over the
-// channels): what the first layer must be able to take, whatever calibration saw.
+// The lowest value a preprocessing gives the network, over the channels: a black pixel's
+// (-mean / std) or, with a negative std, a white one's ((255 * scale - mean) / std): what the first
+// layer must be able to take, whatever calibration saw.
 inline float lowest_input(const Preprocess& p) {
   float lowest = 0.0f;
-  for (int c = 0; c < p.in_chans(); ++c)
-    lowest = std::min(lowest, -p.mean[static_cast<std::size_t>(c)] / p.std[static_cast<std::size_t>(c)]);
+  for (int c = 0; c < p.in_chans(); ++c) {
+    const float m = p.mean[static_cast<std::size_t>(c)], s = p.std[static_cast<std::size_t>(c)];
+    lowest = std::min({lowest, -m / s, (255.0f * p.scale - m) / s});
+  }
   return lowest;
 }
 

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -48,12 +50,17 @@ constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "best.safetensors
 // Throws unless a file can be created in the folder (a probe file, removed again).
 void check_writable_folder(const std::string& folder, const char* what) {
   const fs::path probe = fs::path(folder) / (".relpos-write-test." + std::to_string(::getpid()));
-  {
-    std::ofstream f(probe);
-    RELPOS_CHECK(f && (f << 'x') && f.flush(), folder << ": cannot write to " << what);
+  int error = 0;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    if (::write(fd, "x", 1) != 1) error = errno != 0 ? errno : ENOSPC;
+    ::close(fd);
+    std::error_code ec;
+    fs::remove(probe, ec);  // whatever happened (a full disk left it behind)
   }
-  std::error_code ec;
-  fs::remove(probe, ec);
+  RELPOS_CHECK(error == 0, folder << ": cannot write to " << what << " (" << std::strerror(error) << ")");
 }
 
 // A new run writes these files into its folder, replacing what an earlier run left there (the
