@@ -138,13 +138,16 @@ TEST_CASE("set_num_threads holds in threads started later; features() takes a ba
   Model m = tiny();
   const std::vector<cv::Mat> imgs = {sample("bag_00018.png"), sample("coat_00006.png")};
   set_num_threads(1);
-  int seen = -1;
+  int seen = -1, own = -1, after = -2;
   std::thread t([&] {
+    own = omp_get_max_threads();
     m.classify(imgs[0], 1);
-    seen = omp_get_max_threads();
+    seen = threads_in_use();
+    after = omp_get_max_threads();  // the thread's own OpenMP setting is left alone
   });
   t.join();
   CHECK(seen == 1);
+  CHECK(after == own);
   CHECK(num_threads() == 1);
   set_num_threads(0);
   CHECK_THROWS_AS(set_num_threads(-1), Error);
@@ -163,6 +166,54 @@ TEST_CASE("set_num_threads holds in threads started later; features() takes a ba
     }
   }
   CHECK_THROWS_AS(m.features(std::vector<cv::Mat>{}), Error);
+}
+
+TEST_CASE("relpos calls give the calling thread back its OpenMP thread count") {
+  // Every call set the thread's count to relpos's and left it so: an application's own
+  // `#pragma omp parallel` after a classify() then ran on relpos's count (1 on a busy machine).
+  Model m = tiny();
+  const cv::Mat img = sample("bag_00018.png");
+  const int before = omp_get_max_threads();
+  for (const int relpos_threads : {1, 2, 0}) {
+    CAPTURE(relpos_threads);
+    set_num_threads(relpos_threads);
+    omp_set_num_threads(7);
+    m.classify(img, 1);
+    CHECK(omp_get_max_threads() == 7);
+    const Tensor x = make_batch({img}, m.preprocess());
+    CHECK(omp_get_max_threads() == 7);
+    (void)m.logits(x);
+    (void)ops::global_avg_pool(x);
+    (void)m.features(img);
+    CHECK(omp_get_max_threads() == 7);
+    if (relpos_threads > 0) CHECK(threads_in_use() == relpos_threads);
+    int in_region = 0;
+#pragma omp parallel
+    {
+#pragma omp single
+      in_region = omp_get_num_threads();
+    }
+    CHECK(in_region == 7);
+  }
+  set_num_threads(0);
+  omp_set_num_threads(before);
+}
+
+TEST_CASE("logits() refuses a batch with NaN or infinity; a batch's bad image is named by its place") {
+  Model m = tiny();
+  const cv::Mat img = sample("bag_00018.png");
+  Tensor x = make_batch({img, img}, m.preprocess());
+  x.data()[x.numel() / 2 + 5] = std::numeric_limits<float>::quiet_NaN();  // in image 1
+  // it gave finite logits: a ReLU maps NaN to 0
+  CHECK_THROWS_WITH_AS(m.logits(x), doctest::Contains("logits: the batch holds a non-finite value (nan) in image 1"), Error);
+  x.data()[x.numel() / 2 + 5] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(m.logits(x), doctest::Contains("non-finite value (inf) in image 1"), Error);
+  // an error in a batch of images names which one (it said only "empty image")
+  CHECK_THROWS_WITH_AS(m.classify({img, img, cv::Mat(), img}, 1), doctest::Contains("images[2] (of 4): empty image"), Error);
+  cv::Mat two(8, 8, CV_8UC2, cv::Scalar(1, 2));
+  CHECK_THROWS_WITH_AS(m.features(std::vector<cv::Mat>{img, two}), doctest::Contains("images[1] (of 2): images must have 1, 3 or 4 channels"),
+                       Error);
+  CHECK_THROWS_WITH_AS(m.classify(cv::Mat(), 1), doctest::Contains("empty image"), Error);  // one image: no index
 }
 
 TEST_CASE("one OpCache used with two weight tensors gives each its own result, not a stale plan") {

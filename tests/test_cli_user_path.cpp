@@ -159,6 +159,48 @@ TEST_CASE("--config on a file that carries its own preprocessing or labels: the 
     CHECK(r.out.find("the file carries its own labels, which differ from --config") != std::string::npos);
     CHECK(r.out.find("class 0 is 'tench, Tinca tinca' in the file, 'X0' in the config") != std::string::npos);
   }
+  // only what the config gives itself counts: fmnist_botnet says nothing of test-time mirroring,
+  // and the shipped botnet-fmnist.json (tta "hflip") was refused with its own architecture config
+  auto r = run_cli("classify -q -k1 --json -m " + src("models/botnet-fmnist.json") + " --config fmnist_botnet " +
+                   src("samples/bag_00018.png"));
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("\"Bag\"") != std::string::npos);
+  json fm = json::parse(std::ifstream(find_config("fmnist_botnet")));
+  fm["preprocess"]["tta"] = "none";  // said, and different: refused
+  std::ofstream(d.file("fm_tta.json")) << fm.dump();
+  r = run_cli("classify -q -m " + src("models/botnet-fmnist.json") + " --config " + d.file("fm_tta.json") + " " +
+              src("samples/bag_00018.png"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("whose tta (\"hflip\") differs from --config") != std::string::npos);
+}
+
+TEST_CASE("preprocessing flags whose result is no valid preprocessing: a usage error naming the flags") {
+  // They failed later with exit 1 and only the model file's key named; --crop-pct nan passed its
+  // range check; --std 1e-20 made inputs of 1e20 that overflowed inside the network, and the
+  // answer was the classifier's biases, with exit 0.
+  const std::string fm = "classify -q -k1 -m " + src("models/botnet-fmnist.json") + " " + src("samples/bag_00018.png") + " ";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--crop-pct nan", "--crop-pct: must be a number from 0.01 to 1, got nan"},
+      {"--std 1e-30", "with --std: preprocess: key 'std' 1e-30"},
+      {"--std 1e-20", "makes input values up to 1.286e+20; relpos takes preprocessing whose inputs stay within +-1e6"},
+      {"--mean 3e38", "with --mean: preprocess: key 'std'"},
+      {"--scale 1e30", "with --scale: preprocess: key 'std'"},
+      {"--scale 3e38 --std 1e-3", "with --std, --scale: preprocess: key 'mean'"},
+  };
+  for (const auto& [flags, message] : bad) {
+    INFO(flags);
+    const auto r = run_cli(fm + flags);
+    INFO(r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(message) != std::string::npos);
+    CHECK(r.out.find("usage: relpos classify") != std::string::npos);
+  }
+  CHECK(run_cli(fm + "--std 0.01").status == 0);  // inputs to about 100: fine
+  // --max-model-gb reached the library as "0.000000" (std::to_string): the value given is named
+  const auto r = run_cli(fm + "--max-model-gb 1e-9");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("over the limit of 1e-09 GiB") != std::string::npos);
 }
 
 TEST_CASE("--mean and --std take one value or one per channel; anything else is a usage error naming the flag") {

@@ -48,7 +48,7 @@ Tensor sasa_projected_attention(const Tensor& x, const Tensor& w, const Tensor* 
   RELPOS_CHECK(x.is_cpu(), "local attention projection: CPU only (the input is on " << to_string(x.device()) << ")");
   same_device("local attention projection", x, {&w, v_bias, &r_row, &r_col});
   if (cache) cache->use_weights(w.data(), w.numel());  // (the CPU op keeps packed copies of w)
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("sasa_projected_attention", false);
   return cpu::sasa_projected_attention(x, w, v_bias, r_row, r_col, spec, act, pool2x2, cache);
 }

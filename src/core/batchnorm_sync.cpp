@@ -51,7 +51,7 @@ Tensor synced_batchnorm_train(BatchNormSync& sync, const Tensor& x, const Tensor
   {
     ops::BatchStats unused;
     if (x.is_cpu()) {
-      apply_thread_setting();
+      const ThreadScope relpos_threads_;
       cpu::batchnorm_statistics(x, mean_local, var_local, eps, 1.0f, unused);
     } else {
       local_train(x, gamma, beta, mean_local, var_local, eps, 1.0f, Act::None, unused);

@@ -11,12 +11,12 @@
 #ifdef RELPOS_WITH_CUDA
 #include "cuda/cuda_ops.hpp"
 #define RELPOS_DISPATCH(t, fn, ...)                          \
-  detail::apply_thread_setting();                             \
+  const detail::ThreadScope relpos_threads_;                   \
   const detail::OpTimer relpos_op_timer_(#fn, (t).is_cuda()); \
   return (t).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
 #else
 #define RELPOS_DISPATCH(t, fn, ...)                   \
-  detail::apply_thread_setting();                      \
+  const detail::ThreadScope relpos_threads_;            \
   const detail::OpTimer relpos_op_timer_(#fn, false); \
   return cpu::fn(__VA_ARGS__)
 #endif

@@ -11,7 +11,7 @@ const char* setting(const char* name);
 
 // Throws relpos::Error naming the first RELPOS_* variable whose value is none of those it accepts
 // (RELPOS_SIMD=avx-512 would otherwise run the default without a word). Cheap once the environment
-// has passed: apply_thread_setting, which starts every op and Model call, calls it.
+// has passed: a ThreadScope, which starts every op and Model call, calls it.
 void check_environment();
 
 // A size in MiB from `name` (a non-negative integer; check_environment refuses the rest), else `fallback`.

@@ -34,13 +34,12 @@ void check_int8(const char* op, const Tensor& x, const Int8ConvWeights& w, const
   same_device(op, x, {w.weight, w.scale, w.bias, epilogue.residual});
   RELPOS_CHECK(x.is_cpu(), "int8 layers run on the CPU only (the input is on " << to_string(x.device()) << ")");
   if (cache) cache->use_weights(w.weight->data(), w.weight->numel());
-  detail::apply_thread_setting();
 }
 }  // namespace
 
 QuantizedTensor quantize_activation(const Tensor& x, float scale, bool is_signed) {
   RELPOS_CHECK(x.is_cpu(), "int8 layers run on the CPU only (the input is on " << to_string(x.device()) << ")");
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("quantize_activation", false);
   return cpu::quantize_activation(x, scale, is_signed);
 }
@@ -51,24 +50,26 @@ Tensor conv2d_int8(const Tensor& x, const Int8ConvWeights& w, const ConvSpec& sp
 Tensor conv2d_int8(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec, const Epilogue& epilogue,
                    OpCache* cache) {
   check_int8("conv2d_int8", x.storage, w, epilogue, cache);
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("conv2d_int8", false);
   return cpu::conv2d_int8(x, w, spec, epilogue, cache);
 }
 QuantizedTensor conv2d_int8_requantized(const QuantizedTensor& x, const Int8ConvWeights& w, const ConvSpec& spec,
                                         Act act, float out_scale, const Residual& residual, OpCache* cache) {
   check_int8("conv2d_int8", x.storage, w, {}, cache);
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("conv2d_int8", false);
   return cpu::conv2d_int8_requantized(x, w, spec, act, out_scale, residual, cache);
 }
 Tensor dequantize_activation(const QuantizedTensor& q) {
   RELPOS_CHECK(q.storage.is_cpu(), "int8 layers run on the CPU only");
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("dequantize_activation", false);
   return cpu::dequantize_activation(q);
 }
 QuantizedTensor max_pool2d_quantized(const QuantizedTensor& x, const PoolSpec& spec) {
   RELPOS_CHECK(x.storage.is_cpu(), "int8 layers run on the CPU only");
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   const detail::OpTimer timer("pool2d", false);
   return cpu::max_pool2d_quantized(x, spec);
 }
@@ -94,7 +95,7 @@ Tensor batchnorm_train_add(const Tensor& x, const Tensor& gamma, const Tensor& b
   RELPOS_CHECK(act == Act::None || act == Act::ReLU, "internal: batch norm with a residual takes ReLU or none");
   if (x.is_cpu() && !detail::batchnorm_sync()) {
     same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var, &residual});
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("batchnorm_train_add", false);
     return cpu::batchnorm_train_add(x, gamma, beta, running_mean, running_var, eps, momentum, &residual, act, stats);
   }
@@ -108,7 +109,7 @@ Tensor batchnorm_train_add_normed(const Tensor& x, const Tensor& gamma, const Te
   if (x.is_cpu() && !detail::batchnorm_sync()) {
     same_device("batch norm", x, {&gamma, &beta, &running_mean, &running_var, &r, &r_gamma, &r_beta, &r_running_mean,
                                   &r_running_var});
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("batchnorm_train_add", false);
     cpu::batchnorm_statistics(r, r_running_mean, r_running_var, eps, momentum, r_stats);
     cpu::batchnorm_statistics(x, running_mean, running_var, eps, momentum, stats);
@@ -132,7 +133,7 @@ BatchNormGrads batchnorm_backward_relu_sum(const Tensor& x, const Tensor& gamma,
   if (x.is_cpu() && stats.global_count == 0) {
     same_device("batch norm backward", x, {&gamma, &y, &dy_a});
     if (dy_b.defined()) same_device("batch norm backward", x, {&dy_b});
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("batchnorm_backward_relu_sum", false);
     return cpu::batchnorm_backward_relu_sum(x, gamma, stats, y, dy_a, dy_b, ds);
   }
@@ -144,7 +145,7 @@ BatchNormConvGrads batchnorm_conv_backward(const Tensor& x, const Tensor& gamma,
                                            const ConvSpec& spec, bool need_dx) {
   if (x.is_cpu() && stats.global_count == 0 && cpu::conv1x1_grads_fit(x, conv_x, w, spec)) {
     same_device("batch norm backward", x, {&gamma, &dy, &conv_x, &w});
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("batchnorm_conv1x1_backward", false);
     return cpu::batchnorm_conv1x1_backward(x, gamma, stats, dy, conv_x, w, spec, need_dx);
   }
@@ -159,7 +160,7 @@ BatchNormConvGrads batchnorm_relu_sum_conv_backward(const Tensor& x, const Tenso
   if (x.is_cpu() && stats.global_count == 0 && cpu::conv1x1_grads_fit(x, conv_x, w, spec)) {
     same_device("batch norm backward", x, {&gamma, &y, &dy_a, &conv_x, &w});
     if (dy_b.defined()) same_device("batch norm backward", x, {&dy_b});
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("batchnorm_relu_sum_conv1x1_backward", false);
     return cpu::batchnorm_relu_sum_conv1x1_backward(x, gamma, stats, y, dy_a, dy_b, ds, conv_x, w, spec,
                                                      need_dx);
@@ -177,7 +178,7 @@ Tensor activation_backward_sum(const Tensor& y, const Tensor& dy_a, const Tensor
   if (!dy_b.defined()) return activation_backward(y, dy_a, act);
   same_device("activation backward", y, {&dy_a, &dy_b});
   if (y.is_cpu() && act == Act::ReLU) {
-    detail::apply_thread_setting();
+    const detail::ThreadScope relpos_threads_;
     const detail::OpTimer timer("relu_backward_sum", false);
     return cpu::relu_backward_sum(y, dy_a, dy_b);
   }

@@ -38,11 +38,10 @@ std::shared_ptr<const LogHandler> g_log_handler;  // null: the default (stderr)
 void set_num_threads(int n) {
   RELPOS_CHECK(n >= 0 && n <= 1024, "set_num_threads: " << n << " threads (0 to 1024)");
   g_num_threads = n;
-  detail::apply_thread_setting();
 }
 int num_threads() { return g_num_threads; }
 int threads_in_use() {
-  detail::apply_thread_setting();
+  const detail::ThreadScope threads;
   return omp_get_max_threads();
 }
 
@@ -112,12 +111,15 @@ int adaptive_threads() {
 
 }  // namespace
 
-void detail::apply_thread_setting() {
+detail::ThreadScope::ThreadScope() : saved_(omp_get_max_threads()) {
   check_environment();
   const int set = g_num_threads;
   const int fixed = g_fixed_count > 0 ? g_fixed_count.load() : std::max(1, g_openmp_default);
   const int n = set > 0 ? set : g_fixed_runs > 0 ? fixed : adaptive_threads();
-  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  if (saved_ != n) omp_set_num_threads(n);
+}
+detail::ThreadScope::~ThreadScope() {
+  if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
 }
 
 int training_threads() {
@@ -127,14 +129,12 @@ int training_threads() {
 
 detail::FixedThreadCount::FixedThreadCount() {
   ++g_fixed_runs;
-  apply_thread_setting();
 }
 detail::FixedThreadCount::~FixedThreadCount() {
   if (--g_fixed_runs == 0) g_fixed_count = 0;
 }
 void detail::FixedThreadCount::use(int n) {
   g_fixed_count = n;
-  apply_thread_setting();
 }
 
 void detail::log(const std::string& message) {

@@ -5,8 +5,19 @@
 
 namespace relpos::detail {
 
-// Makes the calling thread use the thread setting (every op and Model call starts with it).
-void apply_thread_setting();
+// While it lives, the calling thread computes with the thread setting (every op and Model call
+// starts with one); then the thread gets back the OpenMP thread count it had, so that an
+// application's own OpenMP regions keep theirs. It also checks the environment (check_environment).
+class ThreadScope {
+ public:
+  ThreadScope();
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int saved_;
+};
 // While one lives (a training run), the adaptive default gives way to a fixed count: OpenMP's own
 // default (OMP_NUM_THREADS, else every core). oneDNN's reductions (weight gradients, batch norm
 // statistics) depend on the thread count, and a training run must give the same weights for the

@@ -82,7 +82,17 @@ Tensor mirrored(const Tensor& batch) {
 }  // namespace
 
 Tensor Model::logits(const Tensor& batch) const {
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
+  {
+    // A NaN in the input does not always reach the logits (a ReLU maps it to 0): refused here, as
+    // classify() refuses images with one.
+    const Tensor host = batch.to(Device::CPU);
+    const float* v = host.data();
+    const std::int64_t n = host.numel(), per = batch.ndim() >= 1 && batch.dim(0) > 0 ? n / batch.dim(0) : n;
+    for (std::int64_t i = 0; i < n; ++i)
+      RELPOS_CHECK(std::isfinite(v[i]), "logits: the batch holds a non-finite value (" << v[i] << ") in image "
+                                                                                      << i / std::max<std::int64_t>(per, 1));
+  }
   Tensor out = network_.infer(batch.to(network_.device())).to(Device::CPU);
   if (preprocess_.tta == Tta::HFlip) {
     const Tensor flipped = network_.infer(mirrored(batch).to(network_.device())).to(Device::CPU);
@@ -129,7 +139,7 @@ std::vector<std::vector<Prediction>> Model::top_k(const Tensor& logits, int k) c
 
 std::vector<std::vector<Prediction>> Model::classify(const std::vector<cv::Mat>& images, int topk) const {
   if (images.empty()) return {};
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   return top_k(logits(make_batch(images, preprocess_)), topk);
 }
 
@@ -139,7 +149,7 @@ std::vector<Prediction> Model::classify(const cv::Mat& image, int topk) const {
 
 std::vector<Tensor> Model::features(const std::vector<cv::Mat>& images) const {
   RELPOS_CHECK(!images.empty(), "features: no images");
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   auto maps = network_.infer_features(make_batch(images, preprocess_).to(network_.device()));
   for (auto& m : maps) m = m.to(Device::CPU).contiguous();
   return maps;
@@ -148,7 +158,7 @@ std::vector<Tensor> Model::features(const std::vector<cv::Mat>& images) const {
 std::vector<Tensor> Model::features(const cv::Mat& image) const { return features(std::vector<cv::Mat>{image}); }
 
 std::vector<AttentionMaps> Model::attention(const cv::Mat& image) const {
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
   return network_.infer_attention(make_batch({image}, preprocess_).to(network_.device()));
 }
 

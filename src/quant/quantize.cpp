@@ -114,7 +114,7 @@ QuantizeReport quantize(Model& model, const std::vector<Tensor>& calibration, co
     keep.insert(k);
   }
   RELPOS_CHECK(keep.size() < names.size(), "quantize: every layer is kept in float32; nothing to quantize");
-  detail::apply_thread_setting();
+  const detail::ThreadScope relpos_threads_;
 
   // calibration: ranges, then (for percentile and MSE) histograms
   RangeObserver obs;

@@ -11,7 +11,11 @@
 
 #include "relpos/error.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace relpos::cli {
 
@@ -56,6 +60,17 @@ CLI::Validator fraction_check(bool one_ok) {
       },
       one_ok ? "0..1" : "0..<1");
 }
+// timm's crop_pct: 0.01 to 1 (CLI::Range lets "nan" through).
+CLI::Validator crop_pct_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::string error;
+        const double v = number_of(text, error);
+        if (!error.empty() || !(v >= 0.01 && v <= 1.0)) return "must be a number from 0.01 to 1, got " + text;
+        return std::string();
+      },
+      "[0.01..1]");
+}
 // A percentile: above 0, at most 100.
 CLI::Validator percent_check() {
   return CLI::Validator(
@@ -84,7 +99,8 @@ void RunOptions::add(CLI::App* app) {
 
 Device RunOptions::apply() const {
   set_threads(threads);
-  if (max_model_gb > 0) setenv("RELPOS_MAX_MODEL_GB", std::to_string(max_model_gb).c_str(), 1);
+  // (the flag's value itself: std::to_string wrote 1e-9 as "0.000000")
+  if (max_model_gb > 0) setenv("RELPOS_MAX_MODEL_GB", shortest(max_model_gb).c_str(), 1);
   const Device d = parse_device(device);
   if (d == Device::CUDA && !cuda_available()) {
 #ifdef RELPOS_WITH_CUDA
@@ -193,7 +209,7 @@ void PreprocessOptions::add(CLI::App* app) {
       ->excludes(crop_flag);
   app->add_option("--crop-pct", crop_pct, "timm's crop_pct: resize to size / crop_pct, then crop")
       ->group(g)
-      ->check(CLI::Range(0.01, 1.0));
+      ->check(crop_pct_check());
   app->add_option("--crop-mode", crop_mode, "timm's crop_mode: center, squash or border")
       ->group(g)
       ->check(CLI::IsMember({"center", "squash", "border"}));
@@ -255,6 +271,20 @@ void PreprocessOptions::apply(Model& model) const {
   if (crop_mode) p.crop_mode = parse_crop_mode(*crop_mode);
   if (interpolation) p.interpolation = parse_interpolation(*interpolation);
   if (tta) p.tta = parse_tta(*tta);
+  // What the flags made of the model's preprocessing must still be valid: a usage error naming the
+  // flags given (--std 1e-30 failed later, with exit 1 and only the model file's key named).
+  std::string given;
+  for (const auto& [flag, set] : {std::pair<const char*, bool>{"--mean", mean.has_value()}, {"--std", std.has_value()},
+                                  {"--scale", scale.has_value()}, {"--crop-pct", crop_pct.has_value()},
+                                  {"--width", width.has_value()}, {"--height", height.has_value()}})
+    if (set) given += std::string(given.empty() ? "" : ", ") + flag;
+  if (!given.empty()) {
+    try {
+      p.check();
+    } catch (const Error& e) {
+      RELPOS_USAGE_CHECK(false, "with " << given << ": " << e.what());
+    }
+  }
   model.set_preprocess(p);
   if (!labels.empty()) {
     const std::vector<std::string> read = read_labels(labels);  // its errors name the file
@@ -311,13 +341,20 @@ void check_output_file(const std::string& path, const std::string& flag, const s
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   RELPOS_CHECK(fs::is_directory(folder, ec), path << ": cannot write " << what << " there (no folder " << folder.string() << ")");
   RELPOS_CHECK(!fs::is_directory(path, ec), path << ": is a folder; " << flag << " takes a file name");
+  // a probe file, removed whatever happened (a full disk left it behind), and the system's reason
+  // (a full disk was reported as "not writable")
   const fs::path probe = folder / (".relpos-write-test." + std::to_string(::getpid()));
-  {
-    std::ofstream f(probe);
-    RELPOS_CHECK(f && (f << 'x') && f.flush(), path << ": cannot write " << what << " there (the folder "
-                                                    << folder.string() << " is not writable)");
+  int error = 0;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    if (::write(fd, "x", 1) != 1) error = errno != 0 ? errno : ENOSPC;
+    ::close(fd);
+    fs::remove(probe, ec);
   }
-  fs::remove(probe, ec);
+  RELPOS_CHECK(error == 0, path << ": cannot write " << what << " there (" << folder.string() << ": "
+                                << std::strerror(error) << ")");
 }
 
 std::string count_text(long n, const std::string& noun) {

@@ -84,8 +84,9 @@ std::string preprocess_flags(const Preprocess& p);
 // A validator for counts that must be at least 1, with a message a person reads.
 CLI::Validator at_least_one(const std::string& flag, const std::string& what);
 
-// The shortest decimal that reads back as the same float ("0.001", not "0.00").
+// Whether s ends with suffix.
 bool ends_with(const std::string& s, const std::string& suffix);
+// The shortest decimal that reads back as the same float ("0.001", not "0.00").
 std::string shortest(float v);
 // The shortest decimal that reads back as the same double.
 std::string shortest(double v);
