@@ -216,6 +216,17 @@ TEST_CASE("logits() refuses a batch with NaN or infinity; a batch's bad image is
   CHECK_THROWS_WITH_AS(m.classify(cv::Mat(), 1), doctest::Contains("empty image"), Error);  // one image: no index
 }
 
+TEST_CASE("Model::create refuses a weights file (it made random weights that carried the file's labels)") {
+  CHECK_THROWS_WITH_AS(Model::create(test::source_dir() + "/models/botnet-fmnist.json"),
+                       doctest::Contains("botnet-fmnist.json: holds trained weights, which Model::create would not use"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Model::create("botnet-fmnist"), doctest::Contains("holds trained weights"), Error);  // by name
+  CHECK_NOTHROW(Model::create("fmnist_botnet"));  // its config
+  test::TempDir d;
+  Model::load(test::source_dir() + "/models/botnet-fmnist.json").save_safetensors(d.file("m.safetensors"));
+  CHECK_THROWS_WITH_AS(Model::create(d.file("m.safetensors")), doctest::Contains("holds trained weights"), Error);
+}
+
 TEST_CASE("one OpCache used with two weight tensors gives each its own result, not a stale plan") {
   std::mt19937 rng(11);
   const Tensor x = test::random_tensor({1, 4, 6, 5}, rng).channels_last();

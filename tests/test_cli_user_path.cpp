@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <sstream>
@@ -581,4 +582,47 @@ TEST_CASE("convert and quantize write over an earlier relpos model only, not ove
   CHECK(run_cli("convert botnet-fmnist " + d.file("m.safetensors")).status == 0);
   REQUIRE(run_cli("convert botnet-fmnist " + d.file("m.json")).status == 0);
   CHECK(run_cli("quantize -m botnet-fmnist --calib fashion-mnist --samples 8 --out " + d.file("m.json")).status == 0);
+}
+
+TEST_CASE("eval on the built-in Fashion-MNIST matches a model's classes by label, in any order") {
+  // A model whose labels are Fashion-MNIST's in sorted order (trained on sorted class folders) was
+  // refused: "the model's 10 class labels are not Fashion-MNIST's".
+  test::TempDir d;
+  Model m = Model::load(src("models/botnet-fmnist.json"));
+  std::vector<std::string> labels = m.labels();
+  std::vector<int> order(labels.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return labels[a] < labels[b]; });
+  Tensor& w = *m.network().find("head.fc.weight")->value;
+  Tensor& b = *m.network().find("head.fc.bias")->value;
+  const std::vector<float> wv = w.to_vector(), bv = b.to_vector();
+  const std::int64_t k = w.dim(1);
+  std::vector<std::string> sorted;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto from = static_cast<std::size_t>(order[i]);
+    std::copy(wv.begin() + static_cast<std::ptrdiff_t>(from * k), wv.begin() + static_cast<std::ptrdiff_t>((from + 1) * k),
+              w.data() + i * k);
+    b.data()[i] = bv[from];
+    sorted.push_back(labels[from]);
+  }
+  REQUIRE(sorted != labels);
+  m.set_labels(sorted);
+  m.network().prepare_inference();
+  m.save_json(d.file("sorted.json"));
+  const auto score = [&](const std::string& model) {
+    const auto r = run_cli("eval -q --json --tta none -m " + model + " --data fashion-mnist", true);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    return json::parse(r.out);
+  };
+  const json a = score(src("models/botnet-fmnist.json")), s = score(d.file("sorted.json"));
+  CHECK(s["top1"] == a["top1"]);
+  CHECK(s["classes"].get<std::vector<std::string>>() == sorted);
+  // a label that is none of Fashion-MNIST's is still refused
+  sorted[0] = "Boot";
+  m.set_labels(sorted);
+  m.save_json(d.file("other.json"));
+  const auto r = run_cli("eval -q -m " + d.file("other.json") + " --data fashion-mnist");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("class labels are not Fashion-MNIST's") != std::string::npos);
 }

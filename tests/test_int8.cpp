@@ -547,6 +547,19 @@ TEST_CASE("int8 bad input: errors name the problem") {
     write_safetensors(dir.file("v.safetensors"), tensors, meta, i8);
     CHECK_THROWS_WITH_AS(Model::load(dir.file("v.safetensors")), doctest::Contains("needs relpos.version 2"), Error);
   }
+  // names under DistributedDataParallel's 'module.' load as a float model's do (it said "tensor
+  // 'stem.conv.weight' is not stored as int8")
+  {
+    std::vector<std::pair<std::string, Tensor>> prefixed;
+    std::set<std::string> prefixed_i8;
+    for (const auto& [name, t] : tensors) prefixed.emplace_back("module." + name, t);
+    for (const auto& name : i8) prefixed_i8.insert("module." + name);
+    write_safetensors(dir.file("module.safetensors"), prefixed, sf.metadata(), prefixed_i8);
+    const Model back = Model::load(dir.file("module.safetensors")), plain = Model::load(dir.file("q.safetensors"));
+    const Tensor x =
+        Tensor::full({1, plain.network().config().in_chans, plain.preprocess().height, plain.preprocess().width}, 0.5f);
+    CHECK(test::max_abs_diff(back.logits(x), plain.logits(x)) == 0.0f);
+  }
   // training an int8 model: refused naming the file, before the output folder is made
   relpos::test::make_pattern_dataset(dir.file("data"), 2, 1);
   const auto r = relpos::test::run_cli("train --init " + dir.file("q.json") + " --data " + dir.file("data") +

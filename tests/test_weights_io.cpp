@@ -328,6 +328,22 @@ TEST_CASE("malformed safetensors files fail with a message naming the problem") 
   write_text(dir.file("trunc_data"), good.substr(0, good.size() - 100));
   CHECK_THROWS_WITH_AS(Model::load(dir.file("trunc_data")), doctest::Contains("outside the"), Error);
 
+  // a damaged header's bytes are shown escaped (they went raw into the message: not UTF-8)
+  std::string damaged = good;
+  damaged[8 + 10] = '\xff';
+  damaged[8 + 11] = '\x01';
+  write_text(dir.file("damaged"), damaged);
+  try {
+    (void)Model::load(dir.file("damaged"));
+    FAIL("loaded");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("not valid JSON") != std::string::npos);
+    CHECK(what.find("\\xff") != std::string::npos);
+    for (const char ch : what) CHECK((static_cast<unsigned char>(ch) >= 0x20 && static_cast<unsigned char>(ch) < 0x7f));
+  }
+
   std::string badjson = good;
   badjson[8] = '#';
   write_text(dir.file("badjson"), badjson);
@@ -451,6 +467,19 @@ TEST_CASE("malformed JSON weights fail with a message naming the problem") {
     json j = good;
     j["tensors"]["head.fc.bias"]["data"] = "@@@@";
     expect(j, "invalid base64");
+  }
+  {
+    // three bytes too many said "holds 10 values but shape [10] needs 10"
+    json j = good;
+    j["tensors"]["head.fc.bias"]["data"] = detail::base64_encode(std::string(43, '\0').data(), 43);
+    expect(j, "tensor 'head.fc.bias' holds 43 bytes, not a whole number of float32 values (shape [10] needs 40 bytes)");
+    // these did not name the tensor
+    j = good;
+    j["tensors"]["head.fc.bias"]["shape"] = {1099511627776LL, 1099511627776LL};
+    expect(j, "tensor 'head.fc.bias': tensor shape [1099511627776, 1099511627776]");
+    j = good;
+    j["tensors"]["head.fc.bias"]["encoding"] = 1;
+    expect(j, "tensor 'head.fc.bias': unexpected JSON structure");
   }
   {
     json j = good;

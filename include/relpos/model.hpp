@@ -42,7 +42,8 @@ class Model {
   // options.config). Throws relpos::Error naming the problem (unknown, missing or mis-shaped
   // tensor, wrong format or version, ...).
   static Model load(const std::string& path, const LoadOptions& options = {});
-  // A fresh model (random weights drawn with `seed`) from a config path or shipped name.
+  // A fresh model (random weights drawn with `seed`) from a config path or shipped name (a file
+  // holding trained weights is refused: load or open reads it).
   static Model create(const std::string& config, std::uint32_t seed = 0);
   // Whatever the argument names: a weights file (as load), or a config file or shipped config
   // name (as create, with random weights). What a file holds is read from its contents, not its

@@ -220,6 +220,29 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
 
 cv::Mat ImageFolderDataset::image(std::size_t i) const { return read_image(files_[i]); }
 
+namespace {
+// A dataset whose classes are given in another order (a model's labels): label i of the inner
+// dataset is class to_[i] here.
+class ReorderedClasses : public Dataset {
+ public:
+  ReorderedClasses(std::unique_ptr<Dataset> inner, std::vector<std::string> classes)
+      : inner_(std::move(inner)), classes_(std::move(classes)) {
+    for (const std::string& c : inner_->classes())
+      to_.push_back(static_cast<int>(std::find(classes_.begin(), classes_.end(), c) - classes_.begin()));
+  }
+  std::size_t size() const override { return inner_->size(); }
+  int label(std::size_t i) const override { return to_[static_cast<std::size_t>(inner_->label(i))]; }
+  cv::Mat image(std::size_t i) const override { return inner_->image(i); }
+  std::string name(std::size_t i) const override { return inner_->name(i); }
+  const std::vector<std::string>& classes() const override { return classes_; }
+
+ private:
+  std::unique_ptr<Dataset> inner_;
+  std::vector<std::string> classes_;
+  std::vector<int> to_;
+};
+}  // namespace
+
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string& split,
                                       const std::vector<std::string>& labels, ClassFolders order) {
   RELPOS_CHECK(split == "train" || split == "test" || split == "val",
@@ -231,10 +254,17 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
     const std::string images = dir + "/" + stem + "-images-idx3-ubyte.gz";
     RELPOS_CHECK(fs::exists(images), "Fashion-MNIST not found at " << dir
                                                                   << " (install it: apt-get install dataset-fashion-mnist)");
-    RELPOS_CHECK(labels.empty() || labels == fashion_mnist_classes(),
+    // the model's labels may be Fashion-MNIST's in another order (a model trained on class folders
+    // in sorted order): matched by name, as class folders are
+    std::vector<std::string> sorted_labels = labels, sorted_classes = fashion_mnist_classes();
+    std::sort(sorted_labels.begin(), sorted_labels.end());
+    std::sort(sorted_classes.begin(), sorted_classes.end());
+    RELPOS_CHECK(labels.empty() || sorted_labels == sorted_classes,
                  "the model's " << labels.size() << " class labels are not Fashion-MNIST's (first: '"
                                 << (labels.empty() ? "" : labels[0]) << "'; expected 'T-shirt/top', 'Trouser', ...)");
-    return std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
+    auto idx = std::make_unique<IdxDataset>(images, dir + "/" + stem + "-labels-idx1-ubyte.gz", fashion_mnist_classes());
+    if (labels.empty() || labels == fashion_mnist_classes()) return idx;
+    return std::make_unique<ReorderedClasses>(std::move(idx), labels);
   }
   const fs::path sub = fs::path(spec) / split;
   if (fs::is_directory(sub)) return std::make_unique<ImageFolderDataset>(sub.string(), labels, order);

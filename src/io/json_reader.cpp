@@ -29,7 +29,21 @@ std::string short_parse_error(const std::exception& e) {
   const std::size_t keep = 48;
   if (at != std::string::npos && m.size() > at + mark.size() + keep + 1)
     m = m.substr(0, at + mark.size() + keep) + "...'";
-  return m;
+  // the text read may be any bytes (a damaged file): shown as \xNN, so that the message stays
+  // printable UTF-8 (grep took stderr for binary)
+  std::string out;
+  for (const char ch : m) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b < 0x7f) {
+      out += ch;
+    } else {
+      const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[b >> 4];
+      out += hex[b & 15];
+    }
+  }
+  return out;
 }
 
 json read_json_file(const std::string& path) {

@@ -64,7 +64,12 @@ Tensor tensor_from_json(const std::string& name, const json& t, int version, boo
                "tensor '" << name << "' has dtype '" << dtype << "' ("
                           << (dtype == "int8" ? "int8 tensors need format version 2" : "relpos stores float32 and int8")
                           << ")");
-  const std::int64_t numel = numel_of(shape);  // throws on overflow; checked against the data BEFORE allocating
+  std::int64_t numel = 0;  // checked against the data BEFORE allocating
+  try {
+    numel = numel_of(shape);  // throws on overflow
+  } catch (const Error& e) {
+    RELPOS_FAIL("tensor '" << name << "': " << e.what());
+  }
   const json& data = t.at("data");
   // base64 text (the only encoding) to bytes, for int8 and float32 tensors alike
   const auto decoded_bytes = [&] {
@@ -98,7 +103,10 @@ Tensor tensor_from_json(const std::string& name, const json& t, int version, boo
   }
   if (data.is_string()) {
     const std::vector<unsigned char> bytes = decoded_bytes();
-    RELPOS_CHECK(bytes.size() % 4 == 0 && static_cast<std::int64_t>(bytes.size() / 4) == numel,
+    RELPOS_CHECK(bytes.size() % 4 == 0, "tensor '" << name << "' holds " << bytes.size()
+                                                     << " bytes, not a whole number of float32 values (shape "
+                                                     << to_string(shape) << " needs " << numel * 4 << " bytes)");
+    RELPOS_CHECK(static_cast<std::int64_t>(bytes.size() / 4) == numel,
                  "tensor '" << name << "' holds " << bytes.size() / 4 << " values but shape " << to_string(shape)
                             << " needs " << numel);
     Tensor out(shape);
@@ -154,7 +162,11 @@ ModelFile read_json_weights(const std::string& path) {
     RELPOS_CHECK(j.contains("tensors") && j["tensors"].is_object(), "missing \"tensors\" object");
     for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
       bool is_int8 = false;
-      fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value(), version, &is_int8));
+      try {
+        fc.tensors.emplace_back(it.key(), tensor_from_json(it.key(), it.value(), version, &is_int8));
+      } catch (const json::exception& e) {  // ("encoding": 1): the tensor named
+        RELPOS_FAIL("tensor '" << it.key() << "': unexpected JSON structure (" << detail::short_parse_error(e) << ")");
+      }
       if (is_int8) fc.int8_tensors.insert(it.key());
     }
   } catch (const Error& e) {
@@ -582,8 +594,8 @@ void assign_tensors(Network& net, std::vector<std::pair<std::string, Tensor>>& t
     RELPOS_CHECK(it->second->shape() == p.value->shape(),
                  source << ": tensor '" << p.name << "' has shape " << to_string(it->second->shape()) << " but "
                         << net.config().name << " needs " << to_string(p.value->shape()));
-    if (int8_tensors)
-      RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0),
+    if (int8_tensors)  // (the file's names, which may carry the 'module.' dropped above)
+      RELPOS_CHECK(p.int8 == (int8_tensors->count(p.name) != 0 || int8_tensors->count("module." + p.name) != 0),
                    source << ": tensor '" << p.name << "' is " << (p.int8 ? "not stored as int8" : "stored as int8")
                           << " but " << (p.int8 ? "an int8 layer's weights must be int8" : "only int8 layers' weights are int8"));
   }

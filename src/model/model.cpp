@@ -202,11 +202,6 @@ Model Model::load(const std::string& path, const LoadOptions& options) {
   return m;
 }
 
-Model Model::create(const std::string& config, std::uint32_t seed) {
-  detail::ModelFile fc = detail::read_config_file(config);
-  return model_of_file(config, network_of_file(config, fc.config, seed, /*initialize=*/true), fc);
-}
-
 namespace {
 // The file open() reads: the path itself, else the name of a shipped model or config
 // (models/<name>.json); a path (with '/' or '.') that is not there is "no such file", and a folder
@@ -221,6 +216,31 @@ std::string model_path(const std::string& path_or_name) {
   return find_config(path_or_name);
 }
 }  // namespace
+
+Model Model::create(const std::string& config, std::uint32_t seed) {
+  // a weights file's config inside it made a model of random weights with the file's labels and
+  // preprocessing: a classifier that looked trained
+  // (a file that is no config says so first: holds_weights takes anything but a config for weights)
+  const auto refuse_weights = [&] {
+    RELPOS_FAIL(config << ": holds trained weights, which Model::create would not use (it makes random weights from "
+                          "a model config); Model::load or Model::open reads them");
+  };
+  detail::ModelFile fc;
+  try {
+    fc = detail::read_config_file(config);
+  } catch (const Error&) {
+    bool safetensors = false;
+    try {
+      safetensors = holds_weights(config) && detail::is_relpos_model_file(model_path(config));
+    } catch (const Error&) {
+    }
+    if (safetensors) refuse_weights();
+    throw;
+  }
+  if (holds_weights(config)) refuse_weights();
+  return model_of_file(config, network_of_file(config, fc.config, seed, /*initialize=*/true), fc);
+}
+
 
 Model Model::open(const std::string& path_or_name, const LoadOptions& options) {
   const std::string path = model_path(path_or_name);

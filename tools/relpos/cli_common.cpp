@@ -281,6 +281,7 @@ void PreprocessOptions::apply(Model& model) const {
   if (!given.empty()) {
     try {
       p.check();
+      model.set_preprocess(p);  // (its own checks: an int8 model's u8 first layer and --mean)
     } catch (const Error& e) {
       RELPOS_USAGE_CHECK(false, "with " << given << ": " << e.what());
     }
