@@ -227,6 +227,14 @@ TEST_CASE("Model::create refuses a weights file (it made random weights that car
   CHECK_THROWS_WITH_AS(Model::create(d.file("m.safetensors")), doctest::Contains("holds trained weights"), Error);
 }
 
+TEST_CASE("Tensor::dim names the dimension asked for when it is out of range") {
+  const Tensor t({2, 3});
+  CHECK(t.dim(-1) == 3);
+  CHECK(t.dim(-2) == 2);
+  CHECK_THROWS_WITH_AS(t.dim(-3), doctest::Contains("dimension -3 out of range for shape [2, 3]"), Error);  // said -1
+  CHECK_THROWS_WITH_AS(t.dim(2), doctest::Contains("dimension 2 out of range"), Error);
+}
+
 TEST_CASE("one OpCache used with two weight tensors gives each its own result, not a stale plan") {
   std::mt19937 rng(11);
   const Tensor x = test::random_tensor({1, 4, 6, 5}, rng).channels_last();

@@ -88,9 +88,9 @@ Tensor Tensor::from_vector(Shape shape, const std::vector<float>& values) {
 
 std::int64_t Tensor::dim(int i) const {
   const int n = ndim();
-  if (i < 0) i += n;
-  RELPOS_CHECK(i >= 0 && i < n, "dimension " << i << " out of range for shape " << to_string(shape_));
-  return shape_[static_cast<std::size_t>(i)];
+  const int k = i < 0 ? i + n : i;  // (the message names the dimension asked for: -3, not -1)
+  RELPOS_CHECK(k >= 0 && k < n, "dimension " << i << " out of range for shape " << to_string(shape_));
+  return shape_[static_cast<std::size_t>(k)];
 }
 
 float* Tensor::ptr() const {

@@ -21,7 +21,7 @@ struct EvalArgs {
   ModelOptions model;
   PreprocessOptions pre;
   std::string data = "fashion-mnist", split = "test", png, compare, class_order = "labels";
-  int batch = 500;
+  std::optional<int> batch;  // default: as many images as 2 GiB of activations hold, at most 500
   int canvas = 0;
   std::string input_size;  // "N" or "HxW"
   bool json = false, quiet = false;
@@ -125,15 +125,22 @@ void run(const EvalArgs& a) {
   std::optional<CanvasDataset> on_canvas;
   if (a.canvas > 0) on_canvas.emplace(*base, a.canvas);
   const Dataset* data = on_canvas ? static_cast<const Dataset*>(&*on_canvas) : base.get();
+  // 500 images of botnet26t_256 took 7.8 GB: by default, a batch fits 2 GiB of the model's working
+  // set (at the size it runs), and a larger model runs smaller batches
+  int batch = a.batch.value_or(0);
+  if (!a.batch) {
+    const double per_image = std::max(1.0, model.network().config().estimate().working_bytes);
+    batch = static_cast<int>(std::clamp(2.0 * 1024 * 1024 * 1024 / per_image, 1.0, 500.0));
+  }
   ProgressBar bar("eval", a.quiet);
-  const EvalResult r = evaluate(model, *data, a.batch, [&](std::size_t done, std::size_t total) { bar.update(done, total); });
+  const EvalResult r = evaluate(model, *data, batch, [&](std::size_t done, std::size_t total) { bar.update(done, total); });
   bar.finish();
   // --compare: the top-1 agreement with another model (an int8 model's float one) on the same images
   double agreement = -1.0;
   if (m2) {
     ProgressBar bar2("eval " + a.compare, a.quiet);
     const EvalResult r2 =
-        evaluate(*m2, *data, a.batch, [&](std::size_t done, std::size_t total) { bar2.update(done, total); });
+        evaluate(*m2, *data, batch, [&](std::size_t done, std::size_t total) { bar2.update(done, total); });
     bar2.finish();
     RELPOS_CHECK(r2.predictions.size() == r.predictions.size(),
                  "--compare: " << a.compare << " scored " << r2.predictions.size() << " images, the model "
@@ -213,9 +220,10 @@ void register_eval(CLI::App& app) {
                   "for ImageNet's val/ of WordNet-ID folders)")
       ->check(CLI::IsMember({"labels", "sorted"}))
       ->capture_default_str();
-  sub->add_option("-b,--batch", a->batch, "Images per forward pass")
-      ->check(at_least_one("--batch", "images per forward pass"))
-      ->capture_default_str();
+  sub->add_option("-b,--batch", a->batch,
+                  "Images per forward pass (default: as many as 2 GiB of the model's working set holds, at most 500; "
+                  "relpos info shows the working set per image)")
+      ->check(at_least_one("--batch", "images per forward pass"));
   sub->add_option("--canvas", a->canvas,
                   "Translation data (as train --canvas): each image on a black N x N canvas at a position fixed per "
                   "image; runs the model at N x N unless --input-size says otherwise")
