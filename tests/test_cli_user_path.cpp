@@ -626,3 +626,24 @@ TEST_CASE("eval on the built-in Fashion-MNIST matches a model's classes by label
   CHECK(r.status == 1);
   CHECK(r.out.find("class labels are not Fashion-MNIST's") != std::string::npos);
 }
+
+TEST_CASE("eval's default batch fits the model's working set at the size it runs; --batch overrides it") {
+  // 500 images of botnet26t_256 per batch took 7.8 GB; and at --width/--height larger than the
+  // config's, the estimate must be at the size the preprocessing gives
+  test::TempDir d;
+  if (!test::make_fashion_mnist_folder(d.path, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 0, 1)) return;
+  const auto batch = [&](const std::string& args) {
+    const auto r = run_cli("eval -q --json --data " + d.path + " " + args);
+    INFO(args << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out.substr(r.out.find('{')));
+    CHECK(j["images"] == 10);
+    return j["batch"].get<int>();
+  };
+  const int small = batch("-m fmnist_conv"), large = batch("-m fmnist_conv --width 112 --height 112");
+  CHECK(small == 500);  // a 28x28 model's 1.7 MiB per image
+  CHECK(large < 100);  // 16 times the pixels: about 75 (it stayed 500)
+  CHECK(large >= 1);
+  CHECK(batch("-m fmnist_conv --width 112 --height 112 -b 7") == 7);
+  CHECK(batch("-m fmnist_conv --compare botnet-fmnist -b 3") == 3);
+}

@@ -204,6 +204,14 @@ TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an e
     CHECK(run.out.find("environment variable " + message) != std::string::npos);
     CHECK(run.out.find("Bag") == std::string::npos);
   }
+  // said once, before any image: it was reported as each image's error, one "skipped" line each
+  const auto folder = test::run_cli("classify -m " + test::source_dir() + "/models/botnet-fmnist.json " +
+                                        test::source_dir() + "/samples",
+                                    false, "RELPOS_SIMD=bad");
+  INFO(folder.out);
+  CHECK(folder.status == 1);
+  CHECK(folder.out.find("skipped") == std::string::npos);
+  CHECK(folder.out.find("RELPOS_SIMD='bad'") == folder.out.rfind("RELPOS_SIMD='bad'"));
   // empty (as unset) and the accepted values run
   const auto fine = test::run_cli(classify, false,
                                   "RELPOS_SIMD= RELPOS_PROFILE= RELPOS_HOST_CACHE_MB= RELPOS_WINOGRAD=1 RELPOS_HUGE_PAGES=1 "

@@ -102,7 +102,10 @@ Tensor synced_batchnorm_train(BatchNormSync& sync, const Tensor& x, const Tensor
   stats.global_count = static_cast<std::int64_t>(total);
   // normalised with the global statistics: on the CPU by the training op's own second half (the
   // same rounding as one process), elsewhere by the inference op, which does exactly that
-  if (x.is_cpu()) return cpu::batchnorm_normalize_train(x, gamma, beta, act, stats);
+  if (x.is_cpu()) {
+    const ThreadScope relpos_threads_;
+    return cpu::batchnorm_normalize_train(x, gamma, beta, act, stats);
+  }
   Tensor y = ops::batchnorm_infer(x, gamma, beta, stats.mean, stats.var, eps, Act::None);
   if (act == Act::None) {
     stats.aux = Tensor();

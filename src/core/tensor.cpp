@@ -8,6 +8,7 @@
 #include "core/caching_allocator.hpp"
 #include "core/device_memory.hpp"
 #include "core/checked_math.hpp"
+#include "core/runtime_internal.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos {
@@ -163,6 +164,7 @@ Tensor Tensor::to_layout(Layout layout) const {
   const std::int64_t n = shape_[0], c = shape_[1], hw = shape_[2] * shape_[3];
   const bool to_nhwc = layout == Layout::ChannelsLast;
   if (device_ == Device::CPU) {
+    const detail::ThreadScope threads;  // its OpenMP loop runs with relpos's thread setting
     permute_cpu(data(), t.data(), n, c, hw, to_nhwc);
   } else if (to_nhwc) {
     detail::cuda_nchw_to_nhwc(data(), t.data(), n, c, hw);

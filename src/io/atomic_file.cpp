@@ -40,6 +40,17 @@ void write_atomically(const std::string& requested, const std::function<void(std
                               ? path + suffix
                               : (p.parent_path() / (".relpos" + suffix)).string();
   try {
+    // a file replaced keeps its permissions (a private 0600 model became 0644): the temporary is
+    // made with them (writable by its owner while it is written) before anything is written to
+    // it, and given them exactly (past the umask) once it is complete
+    struct stat before {};
+    const bool replacing = ::stat(path.c_str(), &before) == 0;
+    const mode_t mode = replacing ? (before.st_mode & 07777) : 0666;
+    {
+      const int made = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (mode & 0777) | S_IWUSR);
+      RELPOS_CHECK(made >= 0, "cannot write '" << path << "': " << std::strerror(errno));
+      ::close(made);
+    }
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       // (errors name the file the caller asked for; the temporary beside it is an inner detail)
@@ -50,9 +61,7 @@ void write_atomically(const std::string& requested, const std::function<void(std
     }
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd >= 0) {
-      // a file replaced keeps its permissions (a private 0600 model became 0644)
-      struct stat before {};
-      if (::stat(path.c_str(), &before) == 0) (void)::fchmod(fd, before.st_mode & 07777);
+      if (replacing) (void)::fchmod(fd, mode);
       ::fsync(fd);
       ::close(fd);
     }

@@ -227,6 +227,7 @@ Geometry geometry(long ih, long iw, const Preprocess& p) {
 }  // namespace
 
 cv::Mat resize_and_crop(const cv::Mat& image, const Preprocess& p) {
+  const detail::ThreadScope threads;  // the resampling's OpenMP regions use relpos's thread setting
   p.check();
   const cv::Mat img = to_channels(image, p.channels);
   const Geometry g = geometry(img.rows, img.cols, p);

@@ -83,10 +83,10 @@ Tensor mirrored(const Tensor& batch) {
 
 Tensor Model::logits(const Tensor& batch) const {
   const detail::ThreadScope relpos_threads_;
-  {
+  if (batch.is_cpu()) {
     // A NaN in the input does not always reach the logits (a ReLU maps it to 0): refused here, as
-    // classify() refuses images with one.
-    const Tensor host = batch.to(Device::CPU);
+    // classify() refuses images with one (a batch on the GPU is not copied back to be checked).
+    const Tensor& host = batch;
     const float* v = host.data();
     const std::int64_t n = host.numel(), per = batch.ndim() >= 1 && batch.dim(0) > 0 ? n / batch.dim(0) : n;
     for (std::int64_t i = 0; i < n; ++i)

@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/environment.hpp"
 #include "core/op_profile.hpp"
 #include "layers/attention_layers.hpp"
 #include "layers/blocks.hpp"
@@ -117,6 +118,9 @@ struct Network::Impl {
 };
 
 Network::Network(const ModelConfig& config, std::uint32_t seed, bool initialize) : impl_(std::make_unique<Impl>()) {
+  // a RELPOS_* setting it does not take: said once, before any work (not for each image a loader
+  // skips when make_batch finds it)
+  detail::check_environment();
   Impl& m = impl();
   config.check_memory();  // before anything is allocated
   m.config = config;

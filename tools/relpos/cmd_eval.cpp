@@ -127,9 +127,17 @@ void run(const EvalArgs& a) {
   const Dataset* data = on_canvas ? static_cast<const Dataset*>(&*on_canvas) : base.get();
   // 500 images of botnet26t_256 took 7.8 GB: by default, a batch fits 2 GiB of the model's working
   // set (at the size it runs), and a larger model runs smaller batches
+  // (estimated at the size the preprocessing gives, which --width/--height may have changed; with
+  // --compare, for the larger of the two models)
   int batch = a.batch.value_or(0);
   if (!a.batch) {
-    const double per_image = std::max(1.0, model.network().config().estimate().working_bytes);
+    double per_image = 1.0;
+    for (const Model* m : {&model, m2 ? &*m2 : nullptr}) {
+      if (!m) continue;
+      ModelConfig at = m->network().config();
+      at.input_size = {m->preprocess().height, m->preprocess().width};
+      per_image = std::max(per_image, at.estimate().working_bytes);
+    }
     batch = static_cast<int>(std::clamp(2.0 * 1024 * 1024 * 1024 / per_image, 1.0, 500.0));
   }
   ProgressBar bar("eval", a.quiet);
@@ -161,7 +169,7 @@ void run(const EvalArgs& a) {
   if (a.json) {
     nlohmann::json j = {{"data", a.data}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
                         {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", per_class},
-                        {"confusion", r.confusion}, {"skipped", r.skipped}};
+                        {"confusion", r.confusion}, {"skipped", r.skipped}, {"batch", batch}};
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
     std::cout << json_text(j) << "\n";
   } else {
