@@ -189,12 +189,13 @@ TEST_CASE("preprocessing flags whose result is no valid preprocessing: a usage e
       {"--scale 1e30", "with --scale: preprocess: key 'std'"},
       {"--scale 3e38 --std 1e-3", "with --std, --scale: preprocess: key 'mean'"},
   };
-  for (const auto& [flags, message] : bad) {
+  for (const auto& flags_message : bad) {  // (no structured binding: clang's INFO cannot capture one)
+    const std::string& flags = flags_message.first;
     INFO(flags);
     const auto r = run_cli(fm + flags);
     INFO(r.out);
     CHECK(r.status == 2);
-    CHECK(r.out.find(message) != std::string::npos);
+    CHECK(r.out.find(flags_message.second) != std::string::npos);
     CHECK(r.out.find("usage: relpos classify") != std::string::npos);
   }
   CHECK(run_cli(fm + "--std 0.01").status == 0);  // inputs to about 100: fine

@@ -196,12 +196,13 @@ TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an e
       {"RELPOS_HOST_CACHE_MB=-1", "RELPOS_HOST_CACHE_MB='-1'"},
       {"RELPOS_CUDA_CACHE_MB=99999999999999999999", "RELPOS_CUDA_CACHE_MB='99999999999999999999'"},
   };
-  for (const auto& [env, message] : bad) {
+  for (const auto& env_message : bad) {  // (no structured binding: clang's INFO cannot capture one)
+    const std::string& env = env_message.first;
     INFO(env);
     const auto run = test::run_cli(classify, false, env);
     INFO(run.out);
     CHECK(run.status == 1);
-    CHECK(run.out.find("environment variable " + message) != std::string::npos);
+    CHECK(run.out.find("environment variable " + env_message.second) != std::string::npos);
     CHECK(run.out.find("Bag") == std::string::npos);
   }
   // said once, before any image: it was reported as each image's error, one "skipped" line each
