@@ -278,15 +278,13 @@ void PreprocessOptions::apply(Model& model) const {
                                   {"--scale", scale.has_value()}, {"--crop-pct", crop_pct.has_value()},
                                   {"--width", width.has_value()}, {"--height", height.has_value()}})
     if (set) given += std::string(given.empty() ? "" : ", ") + flag;
-  if (!given.empty()) {
-    try {
-      p.check();
-      model.set_preprocess(p);  // (its own checks: an int8 model's u8 first layer and --mean)
-    } catch (const Error& e) {
-      RELPOS_USAGE_CHECK(false, "with " << given << ": " << e.what());
-    }
+  // (set_preprocess checks it: Preprocess::check, and an int8 model's u8 first layer against --mean)
+  try {
+    model.set_preprocess(p);
+  } catch (const Error& e) {
+    if (given.empty()) throw;
+    RELPOS_USAGE_CHECK(false, "with " << given << ": " << e.what());
   }
-  model.set_preprocess(p);
   if (!labels.empty()) {
     const std::vector<std::string> read = read_labels(labels);  // its errors name the file
     try {
