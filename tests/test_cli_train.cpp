@@ -262,6 +262,31 @@ TEST_CASE("train: numbers as typed, output paths checked before any work, --save
   CHECK(slurp(d.file("log4")).find("saved " + d.file("saved.json")) != std::string::npos);
 }
 
+TEST_CASE("train: a rate, momentum or fraction that cannot be (NaN, a rising cosine, hexadecimal) is a usage error") {
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 4, 2);
+  // each trained before (--val-split nan and --min-lr above --lr exit 0 or 1, --momentum 5 diverged)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--val-split nan", "--val-split: must be a number in [0..0.9], got nan"},
+      {"--clip-grad nan", "--clip-grad: must be a number in [0..1e+09], got nan"},
+      {"--ema-decay nan", "--ema-decay: must be a number in [0..0.999999], got nan"},
+      {"--checkpoint-every nan", "--checkpoint-every: must be a number in [0..1e+06], got nan"},
+      {"--bucket-mb nan", "--bucket-mb: must be a number in [0..1e+06], got nan"},
+      {"--momentum 5", "--momentum: must be from 0 to below 1, got 5"},
+      {"--lr 0x10", "--lr: must be a number, got '0x10'"},
+      {"--lr 0.01 --min-lr 0.1", "--min-lr 0.1 is above --lr 0.01: the cosine goes down from --lr to --min-lr"},
+  };
+  for (const auto& c : cases) {
+    const std::string flags = c.first, says = c.second;  // (not bindings: CAPTURE's lambda takes them)
+    CAPTURE(flags);
+    CHECK(sh(train_cmd(d, d.path + "/o", 1) + " " + flags + " -q > " + d.file("log") + " 2>&1") == 2);
+    const std::string log = slurp(d.file("log"));
+    INFO(log);
+    CHECK(log.find(says) != std::string::npos);
+    CHECK(!fs::exists(d.path + "/o/checkpoint.safetensors"));
+  }
+}
+
 TEST_CASE("a new relpos train refuses a folder that holds an earlier run's results, unless --overwrite") {
   TempDir d;
   relpos::test::make_pattern_dataset(d.path + "/data", 8, 4);

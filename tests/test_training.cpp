@@ -530,6 +530,73 @@ TEST_CASE("a run stopped mid-epoch or between epochs resumes to exactly the unin
   CHECK(fs::exists(dir.path + "/stopped/checkpoint.safetensors"));
 }
 
+TEST_CASE("unreadable training classes and evaluation sets are refused before the first step; an evaluation that "
+          "fails keeps the epoch") {
+  test::TempDir dir;
+  const std::string data = dir.path + "/data";
+  test::make_pattern_dataset(data, 12, 3);
+  Model full = Model::create(test::tiny_rgb_config(), 9);
+  train(full, small_run(data, dir.path + "/full"));
+  const auto want = weights_of(full);
+  set_log_handler([](const std::string&) {});  // (the skipped files' lines)
+  const auto garble = [](const std::string& folder) {
+    for (const auto& e : fs::directory_iterator(folder)) std::ofstream(e.path()) << "not an image";
+  };
+  const auto refused = [&](const std::string& root, const std::string& out, const std::string& says) {
+    Model m = Model::create(test::tiny_rgb_config(), 9);
+    CHECK_THROWS_WITH_AS(train(m, small_run(root, out)), doctest::Contains(says.c_str()), Error);
+    CHECK_FALSE(fs::exists(out + "/checkpoint.safetensors"));  // (refused before the first step)
+  };
+  // a test set none of whose images reads: it stopped the run at the end of its first epoch, losing it
+  fs::copy(data, dir.path + "/bad_test", fs::copy_options::recursive);
+  for (const char* c : {"bars", "columns", "dots"}) garble(dir.path + "/bad_test/test/" + c);
+  refused(dir.path + "/bad_test", dir.path + "/o1", dir.path + "/bad_test/test: none of its 9 images can be read (the first: ");
+  // a class none of whose images reads would have an output never trained; all of them: a run of no steps
+  fs::copy(data, dir.path + "/bad_class", fs::copy_options::recursive);
+  garble(dir.path + "/bad_class/train/dots");
+  refused(dir.path + "/bad_class", dir.path + "/o2",
+          dir.path + "/bad_class/train: none of the 12 images of class 'dots' can be read (the first: ");
+  // one class: nothing to tell apart
+  fs::create_directories(dir.path + "/one/train");
+  fs::copy(data + "/train/dots", dir.path + "/one/train/dots", fs::copy_options::recursive);
+  refused(dir.path + "/one/train", dir.path + "/o3", "one class ('dots')");
+  // A readable class (one bad image among good ones) trains as before: the loader skips the bad one.
+  fs::copy(data, dir.path + "/some_bad", fs::copy_options::recursive);
+  std::ofstream(dir.path + "/some_bad/train/dots/zz.png") << "not an image";
+  Model m = Model::create(test::tiny_rgb_config(), 9);
+  CHECK(train(m, small_run(dir.path + "/some_bad", dir.path + "/o4")).history.size() == 2);
+
+  // The test images become unreadable during the first epoch: its evaluation fails, the epoch's
+  // training is saved, and once they are back the resumed run evaluates it and ends as the
+  // uninterrupted run.
+  fs::copy(data, dir.path + "/later", fs::copy_options::recursive);
+  const std::string saved = dir.path + "/test_images";
+  fs::copy(data + "/test", saved, fs::copy_options::recursive);
+  TrainOptions o = small_run(dir.path + "/later", dir.path + "/o5");
+  bool garbled = false;
+  o.on_event = [&](const TrainEvent&) {
+    if (garbled) return;
+    garbled = true;
+    for (const char* c : {"bars", "columns", "dots"}) garble(dir.path + "/later/test/" + c);
+  };
+  Model part = Model::create(test::tiny_rgb_config(), 9);
+  CHECK_THROWS_WITH_AS(train(part, o),
+                       doctest::Contains(("evaluating epoch 1: none of the 9 images to evaluate can be read (the first: " +
+                                          dir.path + "/later/test/bars/000.png); the epoch's training is saved in " +
+                                          dir.path + "/o5/checkpoint.safetensors")
+                                             .c_str()),
+                       Error);
+  REQUIRE(garbled);
+  fs::remove_all(dir.path + "/later/test");
+  fs::copy(saved, dir.path + "/later/test", fs::copy_options::recursive);
+  Model resumed = Model::create(test::tiny_rgb_config(), 123);
+  const TrainResult r = train(resumed, small_run(dir.path + "/later", dir.path + "/o5"), dir.path + "/o5/checkpoint.safetensors");
+  set_log_handler(nullptr);
+  CHECK(r.history.size() == 2);
+  CHECK(r.history[0].test_acc >= 0.0);
+  CHECK(weights_of(resumed) == want);
+}
+
 TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from one is exact") {
   test::TempDir dir;
   test::make_pattern_dataset(dir.path + "/data", 12, 3);  // 36 images: 2 batches of 16 per epoch

@@ -175,11 +175,11 @@ EvalResult DataParallel::evaluate(const Model& model, const Dataset& data, int b
   if (group_.size() == 1) return relpos::evaluate(model, data, batch);
   const DatasetShard part(data, static_cast<std::size_t>(group_.rank()), static_cast<std::size_t>(group_.size()));
   EvalResult mine;
-  if (part.size() > 0) mine = relpos::evaluate(model, part, batch);
+  if (part.size() > 0) mine = detail::evaluate_readable(model, part, batch);
   const double n = static_cast<double>(mine.count);
   double sums[5] = {n, mine.loss * n, mine.top1 * n, static_cast<double>(mine.skipped), mine.top5 * n};
   group_.allreduce_sum(sums, 5);
-  RELPOS_CHECK(sums[0] > 0, "no readable images to evaluate");
+  RELPOS_CHECK(sums[0] > 0, detail::nothing_to_evaluate(data));
   EvalResult r;  // the scores; the per-class tables stay this process's
   r.count = static_cast<std::size_t>(sums[0]);
   r.loss = sums[1] / sums[0];

@@ -17,6 +17,13 @@
 
 namespace relpos::detail {
 
+// relpos::evaluate without its check that some image was read: count 0 (and zero scores) when
+// none was (src/train/trainer.cpp).
+EvalResult evaluate_readable(const Model& model, const Dataset& data, int batch,
+                             const std::function<void(std::size_t, std::size_t)>& progress = {});
+// The error of an evaluation that read no image: no images, or none readable (naming the first).
+std::string nothing_to_evaluate(const Dataset& data);
+
 class GradientAllreduce;
 class NcclGroup;
 
@@ -64,7 +71,8 @@ class DataParallel : public BatchNormSync {
   // putting them back.
   std::vector<Tensor> own_statistics() const;
   void restore_statistics(const std::vector<Tensor>& saved);
-  // The test-set score, each process evaluating every size()-th image.
+  // The test-set score, each process evaluating every size()-th image (a process whose part holds
+  // no readable image counts none; the processes fail together when none of them has one).
   EvalResult evaluate(const Model& model, const Dataset& data, int batch);
 
   // BatchNormSync

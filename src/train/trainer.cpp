@@ -32,6 +32,7 @@
 #include "train/grad_clip.hpp"
 #include "train/lr_plan.hpp"
 #include "train/plots.hpp"
+#include "train/readable_data.hpp"
 #include "train/weight_ema.hpp"
 
 namespace relpos {
@@ -88,8 +89,8 @@ class OutputFolderLock {
     RELPOS_CHECK(fd_ >= 0, folder << ": cannot open the output folder");
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       ::close(fd_);
-      RELPOS_FAIL(folder << ": another training run is writing to this output folder; give this one another "
-                            "folder (-o, TrainOptions::out)");
+      RELPOS_FAIL(folder << ": another training run is writing to this output folder; wait for it to end (or stop "
+                            "it), or start a new run in another folder (-o, TrainOptions::out)");
     }
   }
   ~OutputFolderLock() { ::close(fd_); }
@@ -122,8 +123,10 @@ bool is_folder_data(const std::string& spec) { return spec != "fashion-mnist" &&
 
 }  // namespace
 
-EvalResult evaluate(const Model& model, const Dataset& data, int batch,
-                    const std::function<void(std::size_t, std::size_t)>& progress) {
+namespace detail {
+
+EvalResult evaluate_readable(const Model& model, const Dataset& data, int batch,
+                             const std::function<void(std::size_t, std::size_t)>& progress) {
   RELPOS_CHECK(batch >= 1, "evaluation batch must be at least 1");
   const int classes = model.network().config().num_classes;
   RELPOS_CHECK(static_cast<int>(data.classes().size()) == classes,
@@ -161,7 +164,7 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
     if (progress) progress(r.count + loader.skipped(), data.size());
   }
   r.skipped = loader.skipped();
-  RELPOS_CHECK(r.count > 0, "no readable images to evaluate");
+  if (r.count == 0) return r;
   r.loss = loss_sum / static_cast<double>(r.count);
   r.top1 = static_cast<double>(correct) / static_cast<double>(r.count);
   r.top5 = static_cast<double>(in_top5) / static_cast<double>(r.count);
@@ -170,6 +173,21 @@ EvalResult evaluate(const Model& model, const Dataset& data, int batch,
     for (long v : r.confusion[c]) n += v;
     r.per_class.push_back(n ? static_cast<double>(r.confusion[c][c]) / static_cast<double>(n) : 0.0);
   }
+  return r;
+}
+
+std::string nothing_to_evaluate(const Dataset& data) {
+  return data.size() == 0 ? std::string("no images to evaluate")
+                          : "none of the " + std::to_string(data.size()) + " images to evaluate can be read (the first: " +
+                                data.name(0) + ")";
+}
+
+}  // namespace detail
+
+EvalResult evaluate(const Model& model, const Dataset& data, int batch,
+                    const std::function<void(std::size_t, std::size_t)>& progress) {
+  EvalResult r = detail::evaluate_readable(model, data, batch, progress);
+  RELPOS_CHECK(r.count > 0, detail::nothing_to_evaluate(data));
   return r;
 }
 
@@ -263,6 +281,12 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                                                  << " is not valid UTF-8 (the checkpoint records it as text); rename it");
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
+  // (NaN is refused below, by name)
+  RELPOS_CHECK(!(opts.min_lr > opts.lr), "the learning rate would rise: min_lr (--min-lr) " << opts.min_lr
+                                                                                           << " is above lr (--lr) " << opts.lr);
+  RELPOS_CHECK(!(opts.optimizer.momentum < 0.0f || opts.optimizer.momentum >= 1.0f),
+               "the optimizer's momentum (--momentum) is " << opts.optimizer.momentum
+                                                           << "; it must be from 0 to below 1");
   // NaN passes every range check (each comparison is false) and is saved as null, which no resume
   // reads back: a run given one trained with the option quietly off and could not be resumed
   {
@@ -358,6 +382,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   // The model's labels find their class folders by name.
   const auto train_all = open_dataset(opts.data, "train", model.labels());
   Network& net = model.network();
+  RELPOS_CHECK(train_all->classes().size() >= 2,
+               opts.data << ": one class ('" << train_all->classes().at(0)
+                         << "'): a classifier learns to tell classes apart, so the data needs a folder for each of "
+                            "at least two");
   RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_all->classes().size() << " classes but the model has "
                          << net.config().num_classes << " outputs");
@@ -473,6 +501,22 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   if (canvas > 0 && val_data) val_data = &val_canvas.emplace(*val_data, canvas);
   const Dataset* test_set = test_data.get();
   if (canvas > 0 && test_set) test_set = &test_canvas.emplace(*test_set, canvas);
+  // Before the first step: a class none of whose images can be read would never be trained (its
+  // output a guess with a place in the model), and an evaluation set with no readable image would
+  // stop the run when its first epoch ends (the canvas datasets place their images themselves).
+  {
+    const auto folder = [&](const char* split) {
+      if (!is_folder_data(opts.data)) return "fashion-mnist's " + std::string(split) + " images";
+      const fs::path p = fs::path(opts.data) / (std::string(split) == "training" ? "train" : split);
+      return (fs::is_directory(p) ? p : fs::path(opts.data)).string();
+    };
+    detail::check_readable(*train_data, model.preprocess(), canvas, folder("training"), true);
+    if (val_data)
+      detail::check_readable(*val_data, model.preprocess(), 0,
+                             val_folder ? folder("val") : "the validation images held out of " + folder("training"),
+                             false);
+    if (test_set) detail::check_readable(*test_set, model.preprocess(), 0, folder("test"), false);
+  }
 
   // The EMA of the weights (what is evaluated and saved when on) and a model to evaluate it in.
   std::optional<detail::WeightEma> ema;
@@ -523,6 +567,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   RELPOS_CHECK(opts.epochs != planned_epochs || opts.extend_lr <= 0.0f,
                "a learning rate for an extension (--lr with --resume, TrainOptions::extend_lr) needs more epochs than "
                "the run's " << planned_epochs << " (--epochs N); it was given with " << opts.epochs);
+  RELPOS_CHECK(opts.extend_lr <= 0.0f || opts.extend == "constant" || opts.extend_lr >= opts.min_lr,
+               "the extension's learning rate (--lr with --resume) " << opts.extend_lr << " is below the run's min_lr "
+                                                                     << opts.min_lr << ", so its cosine would rise; give "
+                                                                                       "a larger one, or --extend constant");
   if (opts.epochs != planned_epochs) {
     const float from = sched.at(prog.step);
     sched.extend(prog.step, static_cast<long>(per_epoch) * opts.epochs, opts.extend, opts.extend_lr);
@@ -674,14 +722,25 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     e.seconds = prog.seconds;
     e.img_per_s = prog.seen / std::max(1e-9, prog.seconds);
     const Model& scored = scored_model();
-    if (val_data) {
-      const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);
-      e.val_loss = ev.loss;
-      e.val_acc = ev.top1;
-    } else if (test_set) {
-      const EvalResult ev = dp.evaluate(scored, *test_set, opts.eval_batch);
-      e.test_loss = ev.loss;
-      e.test_acc = ev.top1;
+    try {
+      if (val_data) {
+        const EvalResult ev = dp.evaluate(scored, *val_data, opts.eval_batch);
+        e.val_loss = ev.loss;
+        e.val_acc = ev.top1;
+      } else if (test_set) {
+        const EvalResult ev = dp.evaluate(scored, *test_set, opts.eval_batch);
+        e.test_loss = ev.loss;
+        e.test_acc = ev.top1;
+      }
+    } catch (const Error& err) {
+      // The epoch's training is not lost with its evaluation (its images changed since the run began
+      // and can no longer be read, ...): saved as it stands, a resumed run evaluates it. One process
+      // alone: the others of a run would have to save with it, and may not have failed.
+      if (dp.size() > 1) throw;
+      save();
+      RELPOS_FAIL("evaluating epoch " << prog.epoch + 1 << ": " << err.what() << "; the epoch's training is saved in "
+                                      << ckpt_path << ": once the data is fixed, relpos train --resume " << ckpt_path
+                                      << " evaluates it and goes on");
     }
     const bool best = val_data && e.val_acc > prog.best_val_acc;
     if (best) {
@@ -729,12 +788,17 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
     result.best_epoch = prog.best_epoch;
     result.best_val_acc = prog.best_val_acc;
   }
-  final_model->save_json((fs::path(opts.out) / "model.json").string());
-  if (!opts.save.empty()) {
-    const bool st = opts.save.size() > 12 && opts.save.compare(opts.save.size() - 12, 12, ".safetensors") == 0;
-    if (st) final_model->save_safetensors(opts.save);
-    else final_model->save_json(opts.save);
-    result.saved = opts.save;
+  try {
+    final_model->save_json((fs::path(opts.out) / "model.json").string());
+    if (!opts.save.empty()) {
+      const bool st = opts.save.size() > 12 && opts.save.compare(opts.save.size() - 12, 12, ".safetensors") == 0;
+      if (st) final_model->save_safetensors(opts.save);
+      else final_model->save_json(opts.save);
+      result.saved = opts.save;
+    }
+  } catch (const Error& err) {  // (a full disk): the training is done and kept
+    RELPOS_FAIL(err.what() << "; the training is complete in " << ckpt_path << ": relpos train --resume " << ckpt_path
+                           << " writes the model files again");
   }
   if (val_data && test_set) {  // the test set, once
     const EvalResult ev = evaluate(*final_model, *test_set, opts.eval_batch);

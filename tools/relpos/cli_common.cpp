@@ -31,7 +31,9 @@ double number_of(const std::string& text, std::string& error) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size() || !std::isfinite(v)) error = "must be a number, got '" + text + "'";
+  // (a hexadecimal float, "0x10", would be read as 16: not what a user of these flags writes)
+  if (used == 0 || used != text.size() || !std::isfinite(v) || text.find_first_of("xX") != std::string::npos)
+    error = "must be a number, got '" + text + "'";
   return v;
 }
 
@@ -83,6 +85,19 @@ CLI::Validator percent_check() {
       "(0..100]");
 }
 }  // namespace
+
+CLI::Validator number_in(double lo, double hi) {
+  std::ostringstream range;
+  range << '[' << lo << ".." << hi << ']';
+  return CLI::Validator(
+      [lo, hi, range = range.str()](std::string& text) -> std::string {
+        std::string error;
+        const double v = number_of(text, error);
+        if (!error.empty() || !(v >= lo && v <= hi)) return "must be a number in " + range + ", got " + text;
+        return std::string();
+      },
+      range.str());
+}
 
 const CLI::Validator kPositive = number_check(false), kNonNegative = number_check(true);
 const CLI::Validator kProbability = fraction_check(true), kFraction = fraction_check(false);

@@ -42,6 +42,8 @@ extern const CLI::Validator kPositive, kNonNegative;
 extern const CLI::Validator kProbability, kFraction;
 // (0, 100]: above 0 and at most 100.
 extern const CLI::Validator kPercentile;
+// A number from lo to hi (CLI::Range lets "nan" through).
+CLI::Validator number_in(double lo, double hi);
 
 // --device / --threads (every command that runs a model)
 struct RunOptions {

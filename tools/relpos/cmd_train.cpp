@@ -26,7 +26,12 @@ std::atomic<int> g_signal{0};  // the signal that asked the run to stop
 // SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or ssh session went away) all stop the run after
 // the current step with a checkpoint; the exit status is then 128 + the signal, as the shell reports it
 extern "C" void on_signal(int sig) {
-  if (g_stop.exchange(true)) _exit(128 + sig);  // a second Ctrl-C: leave at once
+  if (g_stop.exchange(true)) {  // a second Ctrl-C: leave at once, and say what that costs
+    const char msg[] = "\nrelpos: quitting now, without a checkpoint: the run resumes from its last one, if any\n";
+    const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    (void)ignored;
+    _exit(128 + sig);
+  }
   g_signal.store(sig);
   const char msg[] = "\nrelpos: stopping after this step; saving a checkpoint (Ctrl-C again to quit now)\n";
   const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -200,7 +205,7 @@ void register_train(CLI::App& app) {
          "--opt", [a](const std::string& name) { a->opt.optimizer.kind = parse_optimizer_kind(name); }, "sgd or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))
       ->default_str(to_string(a->opt.optimizer.kind));
-  sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum")->check(kNonNegative)->capture_default_str();
+  sub->add_option("--momentum", a->opt.optimizer.momentum, "SGD momentum (0 to below 1)")->check(kFraction)->capture_default_str();
   sub->add_flag("!--no-nesterov", a->opt.optimizer.nesterov, "Plain momentum instead of Nesterov's");
   sub->add_option("--wd", a->opt.optimizer.weight_decay, "Weight decay")->check(kNonNegative)->capture_default_str();
   sub->add_option("--smoothing", a->opt.label_smoothing, "Label smoothing")->check(kFraction)->capture_default_str();
@@ -237,24 +242,24 @@ void register_train(CLI::App& app) {
   sub->add_option("--checkpoint-every", a->opt.checkpoint_minutes,
                   "Minutes between checkpoints inside an epoch (0: at epoch ends only); a killed run loses at most "
                   "this much work")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(number_in(0.0, 1e6))
       ->capture_default_str();
   sub->add_flag("--sync-bn", a->opt.sync_bn,
                 "Data-parallel runs (mpirun -np N): batch norm uses the statistics of the global batch");
   sub->add_option("--bucket-mb", a->opt.bucket_mb,
                   "Data-parallel runs: MiB of gradients per all-reduce, overlapped with the backward (0: one "
                   "all-reduce after it)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(number_in(0.0, 1e6))
       ->capture_default_str();
   sub->add_flag("--no-eval", a->no_eval, "Do not score the test set (after each epoch, or at the end with validation)");
   sub->add_option("--val-split", a->opt.val_split,
                   "Hold out this fraction of each training class (seeded) for validation: model selection on it, "
                   "best.safetensors, the test set scored once at the end (a val/ folder does the same)")
-      ->check(CLI::Range(0.0, 0.9));
+      ->check(number_in(0.0, 0.9));
   sub->add_flag("--ema", a->ema, "Keep an EMA of the weights (decay 0.9998, timm's ModelEmaV2); it is evaluated and saved");
-  sub->add_option("--ema-decay", a->opt.ema_decay, "EMA decay (implies --ema)")->check(CLI::Range(0.0, 0.999999));
+  sub->add_option("--ema-decay", a->opt.ema_decay, "EMA decay (implies --ema)")->check(number_in(0.0, 0.999999));
   sub->add_option("--clip-grad", a->opt.clip_grad, "Clip the global gradient L2 norm to this (0: off)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(number_in(0.0, 1e9));
   sub->add_option("--extend", a->opt.extend,
                   "With --resume --epochs N: the learning rate goes on as a new cosine from where it stands (or from "
                   "--lr) down to --min-lr, or stays constant")
@@ -265,6 +270,10 @@ void register_train(CLI::App& app) {
     a->epochs_given = sub->count("--epochs") > 0;
     a->lr_given = sub->count("--lr") > 0;
     if (!a->resume.empty()) check_resume_flags(*sub, a->epochs_given);
+    // (a resumed run's rates come from its checkpoint; its --lr starts an extension, checked there)
+    RELPOS_USAGE_CHECK(!a->resume.empty() || a->opt.min_lr <= a->opt.lr,
+                       "--min-lr " << shortest(a->opt.min_lr) << " is above --lr " << shortest(a->opt.lr)
+                                   << ": the cosine goes down from --lr to --min-lr");
     const std::string& save = a->opt.save;
     RELPOS_USAGE_CHECK(save.empty() || ends_with(save, ".json") || ends_with(save, ".safetensors"),
                        "--save " << save << ": writes relpos weights JSON (.json) or safetensors (.safetensors); give a "
