@@ -242,6 +242,9 @@ TEST_CASE("configs: out-of-range, fractional and huge values are errors naming t
   fails_with([](auto& j) { j["self_attn"] = {{"clip", 1500000000}}; }, "self_attn: key 'clip' is 1500000000");
   fails_with([](auto& j) { j["preprocess"] = {{"input_size", {1e10, 3}}}; }, "key 'input_size[0]' must be a whole number, got 10000000000.0");
   fails_with([](auto& j) { j["num_classes"] = -3; }, "key 'num_classes' is -3");
+  // a group size that does not divide a bottleneck's middle channels: the convolution's own error
+  // named neither the key nor the stage ("bad convolution: ... groups 0")
+  fails_with([](auto& j) { j["stages"][0]["group_size"] = 1000; }, "stages[0]: group_size 1000 does not divide the ");
   // within every bound, but global attention over a 1024 x 1024 stage map: stopped by the estimate
   fails_with([](auto& j) { j["input_size"] = {4096, 4096}; }, "over the limit of 16 GiB");
   // the estimate is close to the real parameter count

@@ -195,6 +195,13 @@ TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an e
       {"RELPOS_HOST_CACHE_MB=lots", "RELPOS_HOST_CACHE_MB='lots': expected a whole number of MiB"},
       {"RELPOS_HOST_CACHE_MB=-1", "RELPOS_HOST_CACHE_MB='-1'"},
       {"RELPOS_CUDA_CACHE_MB=99999999999999999999", "RELPOS_CUDA_CACHE_MB='99999999999999999999'"},
+      // each image was skipped for it (and a Fashion-MNIST run ignored it); OpenMP runs its own
+      // default for a thread count it does not take, and relpos then stopped adapting to the load
+      {"RELPOS_MAX_IMAGE_PIXELS=abc", "RELPOS_MAX_IMAGE_PIXELS='abc': expected a positive whole number"},
+      {"RELPOS_PROGRESS_AFTER=soon", "RELPOS_PROGRESS_AFTER='soon'"},
+      {"OMP_NUM_THREADS=abc", "OMP_NUM_THREADS='abc': expected a positive number of threads"},
+      {"OMP_NUM_THREADS=0", "OMP_NUM_THREADS='0'"},
+      {"OMP_NUM_THREADS=2,", "OMP_NUM_THREADS='2,'"},
   };
   for (const auto& env_message : bad) {  // (no structured binding: clang's INFO cannot capture one)
     const std::string& env = env_message.first;
@@ -216,7 +223,8 @@ TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an e
   // empty (as unset) and the accepted values run
   const auto fine = test::run_cli(classify, false,
                                   "RELPOS_SIMD= RELPOS_PROFILE= RELPOS_HOST_CACHE_MB= RELPOS_WINOGRAD=1 RELPOS_HUGE_PAGES=1 "
-                                  "RELPOS_CUDA_CACHE_MB=0");
+                                  "RELPOS_CUDA_CACHE_MB=0 RELPOS_MAX_IMAGE_PIXELS= RELPOS_MAX_MODEL_GB= OMP_NUM_THREADS=2,1 "
+                                  "RELPOS_PROGRESS_AFTER=");
   INFO(fine.out);
   CHECK(fine.status == 0);
   CHECK(fine.out.find("Bag") != std::string::npos);
@@ -224,6 +232,13 @@ TEST_CASE("environment: a RELPOS_* setting with a value it does not take is an e
   CHECK(test::run_cli(classify, false, "RELPOS_PROFILE=1").out.find("profile (RELPOS_PROFILE)") != std::string::npos);
   const auto avx512 = test::run_cli(classify, true, "RELPOS_SIMD=avx512");
   CHECK(avx512.status == 0);
+  // a folder without Fashion-MNIST given by the variable: said so (not "install the package")
+  const auto fm = test::run_cli("eval -m " + test::source_dir() + "/models/botnet-fmnist.json", false,
+                                "RELPOS_FASHION_MNIST=/nonexistent-fm");
+  INFO(fm.out);
+  CHECK(fm.status == 1);
+  CHECK(fm.out.find("Fashion-MNIST not found at /nonexistent-fm (RELPOS_FASHION_MNIST): no t10k-images-idx3-ubyte.gz "
+                    "there") != std::string::npos);
 }
 
 TEST_CASE("threads: the setting and what a call uses") {

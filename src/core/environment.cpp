@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -29,6 +30,33 @@ bool mebibytes(const char* value) {
   return errno == 0 && *end == '\0' && v <= (1ULL << 40);
 }
 
+// A positive whole number (of pixels, ...).
+bool positive_integer(const char* value) {
+  if (*value < '1' || *value > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  std::strtoll(value, &end, 10);
+  return errno == 0 && *end == '\0';
+}
+
+// OpenMP's thread counts: a positive number, or a comma-separated list of them (one per nesting level).
+bool thread_counts(const char* value) {
+  for (;;) {
+    const char* start = value;
+    while (*value >= '0' && *value <= '9') ++value;
+    if (value == start || *start == '0') return false;
+    if (*value == '\0') return true;
+    if (*value++ != ',') return false;
+  }
+}
+
+// A number of seconds: finite, not negative.
+bool seconds(const char* value) {
+  char* end = nullptr;
+  const double v = std::strtod(value, &end);
+  return end != value && *end == '\0' && std::isfinite(v) && v >= 0.0;
+}
+
 struct Variable {
   const char* name;
   const char* const* choices;  // or, when null, `number` says what passes
@@ -41,10 +69,14 @@ constexpr Variable kVariables[] = {
     {"RELPOS_WINOGRAD", kSwitch, nullptr, "0 or 1"},
     {"RELPOS_HUGE_PAGES", kSwitch, nullptr, "0 or 1"},
     {"RELPOS_ADAPTIVE_THREADS", kSwitch, nullptr, "0 or 1"},
-    {"RELPOS_MERGE_SHORTCUT", kSwitch, nullptr, "0 or 1 (unset: by the layer's shape)"},
+    {"RELPOS_MERGE_SHORTCUT", kSwitch, nullptr, "0 or 1"},
     {"RELPOS_PROFILE", kSwitch, nullptr, "0 or 1"},
     {"RELPOS_HOST_CACHE_MB", nullptr, mebibytes, "a whole number of MiB, 0 to 2^40"},
     {"RELPOS_CUDA_CACHE_MB", nullptr, mebibytes, "a whole number of MiB, 0 to 2^40"},
+    {"RELPOS_MAX_IMAGE_PIXELS", nullptr, positive_integer, "a positive whole number of pixels"},
+    {"RELPOS_PROGRESS_AFTER", nullptr, seconds, "a number of seconds, 0 or more"},
+    // (OpenMP reads it too, and runs its own default for a value it does not take, without a word)
+    {"OMP_NUM_THREADS", nullptr, thread_counts, "a positive number of threads, or a comma-separated list of them"},
 };
 
 std::atomic<bool> g_checked{false};

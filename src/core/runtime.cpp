@@ -93,7 +93,7 @@ int adaptive_threads() {
     const char* off = detail::setting("RELPOS_ADAPTIVE_THREADS");
     // /proc/loadavg counts the runnable threads of every CPU: it says how busy our cores are only
     // when this process may use all of them (not inside a cpuset of fewer CPUs)
-    return std::getenv("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0) &&
+    return detail::setting("OMP_NUM_THREADS") == nullptr && !(off && std::strcmp(off, "0") == 0) &&
            sysconf(_SC_NPROCESSORS_ONLN) == omp_get_num_procs();
   }();
   if (!enabled || all <= 1) return all;

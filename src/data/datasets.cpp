@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 
+#include "core/environment.hpp"
 #include "core/checked_math.hpp"
 #include "core/name_list.hpp"
 #include "io/json_reader.hpp"
@@ -249,11 +250,14 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::string
                "split must be train, val or test, got '" << split << "'");
   if (spec == "fashion-mnist" || spec == "fmnist") {
     RELPOS_CHECK(split != "val", "Fashion-MNIST has no val split (hold out part of train with --val-split)");
-    const std::string dir = std::getenv("RELPOS_FASHION_MNIST") ? std::getenv("RELPOS_FASHION_MNIST") : kFashionMnistDir;
+    const char* env = detail::setting("RELPOS_FASHION_MNIST");
+    const std::string dir = env ? env : kFashionMnistDir;
     const std::string stem = split == "train" ? "train" : "t10k";
     const std::string images = dir + "/" + stem + "-images-idx3-ubyte.gz";
-    RELPOS_CHECK(fs::exists(images), "Fashion-MNIST not found at " << dir
-                                                                  << " (install it: apt-get install dataset-fashion-mnist)");
+    RELPOS_CHECK(fs::exists(images),
+                 "Fashion-MNIST not found at " << dir
+                                               << (env ? " (RELPOS_FASHION_MNIST): no " + stem + "-images-idx3-ubyte.gz there"
+                                                       : std::string(" (install it: apt-get install dataset-fashion-mnist)")));
     // the model's labels may be Fashion-MNIST's in another order (a model trained on class folders
     // in sorted order): matched by name, as class folders are
     std::vector<std::string> sorted_labels = labels, sorted_classes = fashion_mnist_classes();

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/environment.hpp"
 #include "relpos/error.hpp"
 
 namespace relpos::detail {
@@ -256,8 +257,8 @@ ImageHeader read_image_header(const std::string& bytes, const std::string& name)
 
 std::int64_t max_image_pixels() {
   constexpr std::int64_t kPillow = 2 * 89478485;
-  const char* env = std::getenv("RELPOS_MAX_IMAGE_PIXELS");
-  if (env == nullptr || *env == '\0') return kPillow;
+  const char* env = setting("RELPOS_MAX_IMAGE_PIXELS");
+  if (env == nullptr) return kPillow;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
   RELPOS_CHECK(*end == '\0' && v > 0, "RELPOS_MAX_IMAGE_PIXELS='" << env << "' is not a positive integer");

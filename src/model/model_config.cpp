@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/environment.hpp"
 #include "io/json_reader.hpp"
 #include "layers/blocks.hpp"
 #include "model/config_file.hpp"
@@ -136,6 +137,14 @@ ModelConfig ModelConfig::from_json(const json& j) {
     s.done();
     for (std::size_t b = 0; b < types.size(); ++b) {
       const BlockType type = detail::parse_enum(types[b], kBlockTypes, where + ": block type");
+      // a bottleneck's 3x3 convolution in groups of group_size channels: its chs x br middle
+      // channels (rounded as timm rounds them) must split into whole groups
+      if (type == BlockType::Bottle && gs > 0) {
+        const int mid = make_divisible(chs * br);
+        RELPOS_CHECK(mid % gs == 0, where << ": group_size " << gs << " does not divide the " << mid
+                                          << " middle channels of its bottleneck blocks (chs " << chs << " x br " << br
+                                          << "); give a divisor of " << mid);
+      }
       st.blocks.push_back({type, chs, b == 0 ? stride : 1, br, gs});
     }
     c.stages.push_back(std::move(st));
@@ -318,7 +327,7 @@ ModelConfig::Estimate ModelConfig::estimate() const {
 }
 
 void ModelConfig::check_memory() const {
-  const char* env = std::getenv("RELPOS_MAX_MODEL_GB");
+  const char* env = detail::setting("RELPOS_MAX_MODEL_GB");
   double limit_gb = 16.0;
   if (env) {
     char* end = nullptr;
@@ -329,7 +338,8 @@ void ModelConfig::check_memory() const {
   const Estimate e = estimate();
   const double gib = 1024.0 * 1024.0 * 1024.0;
   RELPOS_CHECK(e.total_bytes() <= limit_gb * gib,
-               "model config '" << name << "': a network of " << e.params / 1e6 << " M parameters needs an estimated "
+               "model config '" << name << "': a network of " << e.params / 1e6
+                                << " M numbers (parameters and batch-norm statistics) needs an estimated "
                                 << e.total_bytes() / gib << " GiB (parameters " << e.param_bytes / gib
                                 << " GiB, one image's working set " << e.working_bytes / gib << " GiB), over the limit of "
                                 << limit_gb << " GiB; set RELPOS_MAX_MODEL_GB (or relpos --max-model-gb) to allow it");

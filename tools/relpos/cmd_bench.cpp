@@ -94,7 +94,7 @@ void report(const BenchArgs& a, const std::string& what, std::int64_t items, con
     std::cout << json_text(report_json(a, what, items, device, ms, macs_per_item)) << "\n";
   } else {
     std::cout << std::fixed << std::setprecision(3) << what << " batch " << items << ", " << count_text(threads_in_use(), "thread")
-              << ", " << device << (a.tf32 ? " (TF32)" : "") << ": median " << median << " ms, min "
+              << ", " << device << (a.tf32 && device.rfind("cuda", 0) == 0 ? " (TF32)" : "") << ": median " << median << " ms, min "
               << ms.front() << " ms over " << ms.size() << " runs = " << std::setprecision(2) << n * 1000.0 / median
               << " img/s\n";
   }

@@ -219,7 +219,8 @@ void register_train(CLI::App& app) {
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   sub->add_option("--train-images", a->opt.train_images,
-                  "Train on the first N images of the training set only (0: all)")
+                  "Train on N images of the training set only (0: all): Fashion-MNIST's first N, or N spread evenly over a "
+                  "folder dataset's classes")
       ->check(CLI::Range(0L, 1L << 40))
       ->capture_default_str();
   sub->add_option("--seed", a->opt.seed, "Seed of data order and augmentation")->capture_default_str();

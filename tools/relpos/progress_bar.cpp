@@ -16,8 +16,9 @@ namespace {
 // Seconds of work before the bar appears; RELPOS_PROGRESS_AFTER overrides it (tests use 0).
 double show_after() {
   static const double s = [] {
+    // (checked with the library's other variables: a number of seconds, 0 or more)
     const char* env = std::getenv("RELPOS_PROGRESS_AFTER");
-    return env ? std::atof(env) : 2.0;
+    return env && *env ? std::strtod(env, nullptr) : 2.0;
   }();
   return s;
 }
