@@ -173,3 +173,34 @@ TEST_CASE("an extreme aspect ratio costs no more than the crop: only the crop wi
   getrusage(RUSAGE_SELF, &ru);
   CHECK(ru.ru_maxrss - before_kb < 256 * 1024);  // far below the 4.3 GB a full resize would take
 }
+
+TEST_CASE("a JPEG's EXIF orientation is not applied, as timm's loader (Pillow's open + convert) does not apply it") {
+  // A phone photo says "rotate me" in its EXIF block; Pillow's Image.open(...).convert('RGB'), which
+  // timm's datasets and its inference script use, returns the stored pixels as they are. OpenCV's
+  // imread rotates them unless told not to: the logits would then be those of a rotated image.
+  cv::Mat img(24, 40, CV_8UC3);  // wide: a rotation would make it tall
+  for (int y = 0; y < img.rows; ++y)
+    for (int x = 0; x < img.cols; ++x) img.at<cv::Vec3b>(y, x) = cv::Vec3b(static_cast<uchar>(6 * x), static_cast<uchar>(10 * y), 128);
+  std::vector<uchar> jpeg;
+  REQUIRE(cv::imencode(".jpg", img, jpeg, {cv::IMWRITE_JPEG_QUALITY, 95}));
+  // APP1 "Exif": a little-endian TIFF header and one IFD entry, Orientation (0x0112) = 6 (90 degrees clockwise)
+  const std::vector<uchar> app1 = {0xFF, 0xE1, 0x00, 0x22, 'E', 'x', 'i', 'f', 0, 0,  // marker, length 34
+                                   'I', 'I', 0x2A, 0x00, 0x08, 0x00, 0x00, 0x00,      // TIFF header, IFD at 8
+                                   0x01, 0x00,                                        // one entry
+                                   0x12, 0x01, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00,
+                                   0x00, 0x00, 0x00, 0x00};  // no next IFD
+  REQUIRE(app1.size() == 2 + 0x22);
+  std::vector<uchar> tagged(jpeg.begin(), jpeg.begin() + 2);  // SOI
+  tagged.insert(tagged.end(), app1.begin(), app1.end());
+  tagged.insert(tagged.end(), jpeg.begin() + 2, jpeg.end());
+  test::TempDir dir;
+  const std::string plain = dir.file("plain.jpg"), rotated = dir.file("rotated.jpg");
+  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+  std::ofstream(rotated, std::ios::binary).write(reinterpret_cast<const char*>(tagged.data()), static_cast<std::streamsize>(tagged.size()));
+  // the tag is there: OpenCV's default read turns the image
+  REQUIRE(cv::imread(rotated, cv::IMREAD_COLOR).size() == cv::Size(24, 40));
+  const cv::Mat a = read_image(plain), b = read_image(rotated);
+  CHECK(b.size() == cv::Size(40, 24));
+  REQUIRE(a.size() == b.size());
+  CHECK(cv::norm(a, b, cv::NORM_INF) == 0.0);
+}
