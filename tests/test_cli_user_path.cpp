@@ -153,11 +153,11 @@ TEST_CASE("--config on a file that carries its own preprocessing or labels: the 
     // the config's crop_pct was dropped without a word, and the file's used
     auto r = run_cli(m + d.file("cp08.json") + " " + photo());
     CHECK(r.status == 1);
-    CHECK(r.out.find("the file carries its own preprocessing, whose crop_pct (0.95) differs from --config") !=
+    CHECK(r.out.find("the file carries its own preprocessing, whose crop_pct (0.95) differs from the config ") !=
           std::string::npos);
     r = run_cli(m + d.file("labels.json") + " " + photo());
     CHECK(r.status == 1);
-    CHECK(r.out.find("the file carries its own labels, which differ from --config") != std::string::npos);
+    CHECK(r.out.find("the file carries its own labels, which differ from the config ") != std::string::npos);
     CHECK(r.out.find("class 0 is 'tench, Tinca tinca' in the file, 'X0' in the config") != std::string::npos);
   }
   // only what the config gives itself counts: fmnist_botnet says nothing of test-time mirroring,
@@ -173,7 +173,7 @@ TEST_CASE("--config on a file that carries its own preprocessing or labels: the 
   r = run_cli("classify -q -m " + src("models/botnet-fmnist.json") + " --config " + d.file("fm_tta.json") + " " +
               src("samples/bag_00018.png"));
   CHECK(r.status == 1);
-  CHECK(r.out.find("whose tta (\"hflip\") differs from --config") != std::string::npos);
+  CHECK(r.out.find("whose tta (\"hflip\") differs from the config ") != std::string::npos);
 }
 
 TEST_CASE("preprocessing flags whose result is no valid preprocessing: a usage error naming the flags") {

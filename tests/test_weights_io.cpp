@@ -298,7 +298,7 @@ TEST_CASE("--config with a file that carries its own architecture: the same one 
     check_bit_exact(m, Model::load(dir.file(f), same));
     CHECK_THROWS_WITH_AS(Model::load(dir.file(f), other),
                          doctest::Contains((f + ": the file carries its own architecture ('" + m.network().config().name +
-                                            "'), which differs from --config fmnist_conv")
+                                            "'), which differs from the config fmnist_conv")
                                                .c_str()),
                          Error);
   }

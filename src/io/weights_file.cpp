@@ -184,10 +184,11 @@ void check_config_agrees(const ModelConfig& own, const ModelConfig& given, const
   json a = own.to_json(), b = given.to_json();
   a.erase("name");
   b.erase("name");
-  RELPOS_CHECK(a == b, "the file carries its own architecture ('" << own.name << "'), which differs from --config "
+  RELPOS_CHECK(a == b, "the file carries its own architecture ('" << own.name << "'), which differs from the config "
                                                                    << config << " ('" << given.name
-                                                                   << "'); --config is for files without one, such "
-                                                                      "as timm checkpoints");
+                                                                   << "') given for it (--config, LoadOptions::config): "
+                                                                      "that is for files without one, such as timm "
+                                                                      "checkpoints");
 }
 
 // The preprocessing and labels a file lacks come from --config; ones it has stay, and a --config
@@ -200,11 +201,12 @@ void take_config_extras(ModelFile& fc, ModelFile& given, const std::string& conf
     for (auto it = a.begin(); it != a.end(); ++it)
       RELPOS_CHECK(!given.preprocess_keys.count(it.key()) || (b.contains(it.key()) && b.at(it.key()) == it.value()),
                    "the file carries its own preprocessing, whose " << it.key() << " (" << it.value().dump()
-                                                                   << ") differs from --config " << config << "'s ("
+                                                                   << ") differs from the config " << config << "'s ("
                                                                    << (b.contains(it.key()) ? b.at(it.key()).dump() : "none")
-                                                                   << "); --config does not change a file's "
-                                                                      "preprocessing: give the preprocessing flags "
-                                                                      "(relpos convert writes them into a file)");
+                                                                   << ") given for it (--config, LoadOptions::config), "
+                                                                      "which does not change a file's preprocessing: "
+                                                                      "give the preprocessing flags (Model::set_preprocess; "
+                                                                      "relpos convert writes them into a file)");
   }
   if (!fc.labels.empty() && !given.labels.empty() && fc.labels != given.labels) {
     std::size_t i = 0;
@@ -214,8 +216,10 @@ void take_config_extras(ModelFile& fc, ModelFile& given, const std::string& conf
       at << "class " << i << " is '" << fc.labels[i] << "' in the file, '" << given.labels[i] << "' in the config";
     else
       at << fc.labels.size() << " labels in the file, " << given.labels.size() << " in the config";
-    RELPOS_FAIL("the file carries its own labels, which differ from --config " << config << "'s (" << at.str()
-                                                                               << "); give --labels to change them");
+    RELPOS_FAIL("the file carries its own labels, which differ from the config " << config << "'s (" << at.str()
+                                                                                << ") given for it (--config, "
+                                                                                   "LoadOptions::config); give --labels "
+                                                                                   "(Model::set_labels) to change them");
   }
   if (!fc.preprocess) fc.preprocess = given.preprocess;
   if (fc.labels.empty()) fc.labels = std::move(given.labels);
@@ -236,7 +240,7 @@ ModelFile read_safetensors_weights(const std::string& path, const std::string& c
       // A file without relpos's metadata is timm's (or PyTorch's under timm's names), and timm's tiered
       // stems always stride 4: "none" strides 2, so its weights would load and answer wrongly
       RELPOS_CHECK(!(fc.config.stem.type == StemType::Tiered && fc.config.stem.pool == StemPool::None),
-                   "--config " << config << " has a tiered stem with \"pool\": \"none\" (relpos's own layout, "
+                   "the config " << config << " (--config, LoadOptions::config) has a tiered stem with \"pool\": \"none\" (relpos's own layout, "
                               "which timm cannot build), but this file holds no relpos config: a timm checkpoint. "
                               "timm's tiered stem pools with \"maxpool\" or, with stem_pool='' (resnet32ts, "
                               "resnet33ts), strides conv3: \"conv3\" (docs/config.md)");
