@@ -559,7 +559,7 @@ TEST_CASE("unreadable training classes and evaluation sets are refused before th
   // one class: nothing to tell apart
   fs::create_directories(dir.path + "/one/train");
   fs::copy(data + "/train/dots", dir.path + "/one/train/dots", fs::copy_options::recursive);
-  refused(dir.path + "/one/train", dir.path + "/o3", "one class ('dots')");
+  refused(dir.path + "/one/train", dir.path + "/o3", "1 class ('dots'): a classifier learns to tell classes apart");
   // A readable class (one bad image among good ones) trains as before: the loader skips the bad one.
   fs::copy(data, dir.path + "/some_bad", fs::copy_options::recursive);
   std::ofstream(dir.path + "/some_bad/train/dots/zz.png") << "not an image";

@@ -383,8 +383,9 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   const auto train_all = open_dataset(opts.data, "train", model.labels());
   Network& net = model.network();
   RELPOS_CHECK(train_all->classes().size() >= 2,
-               opts.data << ": one class ('" << train_all->classes().at(0)
-                         << "'): a classifier learns to tell classes apart, so the data needs a folder for each of "
+               opts.data << ": " << train_all->classes().size() << " class"
+                         << (train_all->classes().empty() ? std::string() : " ('" + train_all->classes().front() + "')")
+                         << ": a classifier learns to tell classes apart, so the data needs a folder for each of "
                             "at least two");
   RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_all->classes().size() << " classes but the model has "
