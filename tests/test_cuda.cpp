@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <mutex>
 #include <cstdio>
 #include <opencv2/core.hpp>
@@ -69,6 +70,13 @@ TEST_CASE("layouts and copies round-trip through the GPU") {
   const Tensor x = rnd({3, 5, 7, 2}, 1);
   const Tensor back = gpu(x).channels_last().contiguous().to(Device::CPU);
   CHECK(test::max_abs_diff(back, x) == 0.0f);
+  // more row tiles than a grid's y (65535 x 32 pixels) and more images than its z: they failed to launch
+  for (const Shape& big : {Shape{1, 4, 1500, 1500}, Shape{65537, 3, 1, 2}}) {
+    CAPTURE(to_string(big));
+    const Tensor t = rnd(big, 2, 1.0f, Layout::ChannelsLast);
+    CHECK(test::max_abs_diff(gpu(t).contiguous().to(Device::CPU), t.contiguous()) == 0.0f);
+    CHECK(test::max_abs_diff(gpu(t.contiguous()).channels_last().to(Device::CPU), t) == 0.0f);
+  }
   Tensor z = Tensor::zeros({4, 4}, GPU);
   z.fill(2.5f);
   CHECK(z.to_vector()[5] == 2.5f);
@@ -158,6 +166,38 @@ TEST_CASE("pooling, global average pooling, linear, matmul, softmax, cross-entro
   const auto cg = ops::cross_entropy(gpu(dy), {0, 1, 2, 3, 0, 1}, 0.1f), cc = ops::cross_entropy(dy, {0, 1, 2, 3, 0, 1}, 0.1f);
   CHECK(cg.loss == doctest::Approx(cc.loss));
   same(cg.dlogits, cc.dlogits, "cross-entropy gradient");
+}
+
+TEST_CASE("a NaN passes through max pooling and batch norm with ReLU on the GPU, as on the CPU") {
+  // The GPU turned it into 0 (a ReLU written x > 0 ? x : 0, cuDNN's pooling told not to propagate
+  // NaN) where the CPU's own kernels and PyTorch keep it (test_op_cases.cpp, test_batchnorm_train.cpp).
+  // Each is checked for NaN where the CPU has one and nowhere else. (oneDNN's ReLU, in the CPU's
+  // ops::activation and convolution epilogues, and cuDNN's fused one make a NaN 0 on both.)
+  const auto nan_at = [](const Tensor& g, const Tensor& c, const std::string& what) {
+    const Tensor a = g.to(Device::CPU).channels_last(), b = c.channels_last();
+    REQUIRE(a.shape() == b.shape());
+    std::int64_t differ = 0, nans = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      differ += std::isnan(a.data()[i]) != std::isnan(b.data()[i]);
+      nans += std::isnan(b.data()[i]);
+    }
+    CHECK_MESSAGE(differ == 0, what << ": NaN at " << differ << " other places than on the CPU");
+    CHECK_MESSAGE(nans > 0, what << ": the CPU has no NaN to compare with");
+  };
+  const std::int64_t C = 40;
+  Tensor x = rnd({2, C, 6, 5}, 41, 1.0f, Layout::ChannelsLast);
+  x.data()[(1 * 5 + 1) * C + 3] = std::nanf("");
+  nan_at(ops::pool2d(gpu(x), ops::PoolSpec{ops::PoolKind::Max, 3, 2, 1}), ops::pool2d(x, ops::PoolSpec{ops::PoolKind::Max, 3, 2, 1}),
+         "max pool");
+  const Tensor gamma = Tensor::full({C}, 1.0f), beta = Tensor::zeros({C}), var = Tensor::full({C}, 1.0f);
+  nan_at(ops::batchnorm_infer(gpu(x), gpu(gamma), gpu(beta), gpu(beta), gpu(var), 1e-5f, Act::ReLU),
+         ops::batchnorm_infer(x, gamma, beta, beta, var, 1e-5f, Act::ReLU), "batch norm inference");
+  Tensor rm = Tensor::zeros({C}), rv = Tensor::full({C}, 1.0f), grm = gpu(rm), grv = gpu(rv);
+  ops::BatchStats st, gst;
+  const Tensor y = ops::batchnorm_train(x, gamma, beta, rm, rv, 1e-5f, 0.1f, Act::ReLU, st);
+  const Tensor gy = ops::batchnorm_train(gpu(x), gpu(gamma), gpu(beta), grm, grv, 1e-5f, 0.1f, Act::ReLU, gst);
+  nan_at(gy, y, "batch norm training");
+  nan_at(grm, rm, "running mean");
 }
 
 TEST_CASE("optimizer updates") {

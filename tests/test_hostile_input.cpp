@@ -21,6 +21,7 @@
 #include "relpos/data.hpp"
 #include "relpos/error.hpp"
 #include "relpos/model.hpp"
+#include "relpos/ops.hpp"
 #include "relpos/preprocess.hpp"
 #include "relpos/safetensors.hpp"
 #include "relpos/tensor.hpp"
@@ -676,3 +677,27 @@ TEST_CASE("a PNG beyond libpng's million pixels on a side is named as such, not 
   CHECK(read_image(dir.file("ok.png")).rows == 1000000);
 }
 #endif
+
+TEST_CASE("convolution arguments that do not fit are errors naming them, before either backend runs") {
+  // checked once for both backends: the CUDA one divided by a zero stride or group count and read
+  // past a short bias, residual or gradient (the CPU one checked only some of these)
+  const Tensor x = Tensor::zeros({1, 4, 6, 6}), w = Tensor::zeros({8, 4, 3, 3}), bias = Tensor::zeros({8});
+  const auto fails = [&](const std::function<void()>& call, const char* says) {
+    CHECK_THROWS_WITH_AS(call(), doctest::Contains(says), Error);
+  };
+  fails([&] { ops::conv2d(x, w, &bias, ops::ConvSpec{0, 1, 1}); }, "conv2d: stride 0, padding 1 and 1 groups");
+  fails([&] { ops::conv2d(x, w, &bias, ops::ConvSpec{1, 1, 0}); }, "the stride and groups must be at least 1");
+  fails([&] { ops::conv2d(x, w, &bias, ops::ConvSpec{1, -1, 1}); }, "the padding not negative");
+  fails([&] { ops::conv2d(x, w, &bias, ops::ConvSpec{1, 1, 3}); }, "does not fit input [1, 4, 6, 6] with 3 groups");
+  const Tensor short_bias = Tensor::zeros({5});
+  fails([&] { ops::conv2d(x, w, &short_bias, ops::ConvSpec{1, 1, 1}); }, "must have one value per output channel (8)");
+  const Tensor residual = Tensor::zeros({1, 8, 5, 6});
+  fails([&] { ops::conv2d(x, w, &bias, ops::ConvSpec{1, 1, 1}, {&residual}); },
+        "conv2d: residual [1, 8, 5, 6] float32 cpu does not match the output [1, 8, 6, 6]");
+  fails([&] { ops::conv2d(Tensor::zeros({1, 4, 2, 2}), w, nullptr, ops::ConvSpec{1, 0, 1}); },
+        "is smaller than the 3x3 kernel");
+  fails([&] { ops::conv2d_backward(x, w, Tensor::zeros({1, 8, 6, 5}), ops::ConvSpec{1, 1, 1}, true); },
+        "conv2d backward: gradient");
+  // and what fits still runs
+  CHECK(ops::conv2d(x, w, &bias, ops::ConvSpec{1, 1, 1}).shape() == Shape({1, 8, 6, 6}));
+}

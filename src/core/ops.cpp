@@ -18,6 +18,31 @@ std::string to_string(Act a) { return detail::enum_name(a, kActs); }
 
 namespace ops {
 
+namespace {
+// What both backends take of a convolution's arguments, checked once for both (the CUDA backend
+// divided by a zero stride or group count, and read past a short bias, residual or gradient).
+// Returns the output's shape.
+Shape check_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec) {
+  RELPOS_CHECK(x.ndim() == 4, "conv2d: input must be (N, C, H, W), got " << x.describe());
+  RELPOS_CHECK(w.ndim() == 4 && w.layout() == Layout::Contiguous,
+               "conv2d: weight must be a contiguous (O, C/groups, kh, kw) tensor, got " << w.describe());
+  RELPOS_CHECK(spec.groups >= 1 && spec.stride >= 1 && spec.pad >= 0,
+               "conv2d: stride " << spec.stride << ", padding " << spec.pad << " and " << spec.groups
+                                 << " groups: the stride and groups must be at least 1, the padding not negative");
+  RELPOS_CHECK(x.dim(1) % spec.groups == 0 && w.dim(0) % spec.groups == 0 && w.dim(1) * spec.groups == x.dim(1),
+               "conv2d: weight " << to_string(w.shape()) << " does not fit input " << to_string(x.shape()) << " with "
+                                 << spec.groups << " groups");
+  RELPOS_CHECK(!bias || (bias->ndim() == 1 && bias->dim(0) == w.dim(0)),
+               "conv2d: bias " << bias->describe() << " must have one value per output channel (" << w.dim(0) << ")");
+  const std::int64_t oh = (x.dim(2) + 2 * spec.pad - w.dim(2)) / spec.stride + 1;
+  const std::int64_t ow = (x.dim(3) + 2 * spec.pad - w.dim(3)) / spec.stride + 1;
+  RELPOS_CHECK(x.dim(2) + 2 * spec.pad >= w.dim(2) && x.dim(3) + 2 * spec.pad >= w.dim(3),
+               "conv2d: input " << to_string(x.shape()) << " is smaller than the " << w.dim(2) << "x" << w.dim(3)
+                                << " kernel");
+  return Shape{x.dim(0), w.dim(0), oh, ow};
+}
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
               const Epilogue& epilogue) {
   return conv2d(x, w, bias, spec, epilogue, nullptr);
@@ -25,6 +50,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSp
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& spec,
               const Epilogue& epilogue, OpCache* cache) {
   same_device("conv2d", x, {&w, bias, epilogue.residual});
+  const Shape out = check_conv(x, w, bias, spec);
+  RELPOS_CHECK(!epilogue.residual || epilogue.residual->shape() == out,
+               "conv2d: residual " << epilogue.residual->describe() << " does not match the output " << to_string(out));
   if (cache) cache->use_weights(w.data(), w.numel());
   RELPOS_DISPATCH(x, conv2d, x, w, bias, spec, epilogue, cache);
 }
@@ -75,6 +103,9 @@ QuantizedTensor max_pool2d_quantized(const QuantizedTensor& x, const PoolSpec& s
 }
 ConvGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvSpec& spec, bool need_dx) {
   same_device("conv2d backward", x, {&w, &dy});
+  const Shape out = check_conv(x, w, nullptr, spec);
+  RELPOS_CHECK(dy.shape() == out, "conv2d backward: gradient " << dy.describe() << " does not match the output "
+                                                               << to_string(out));
   RELPOS_DISPATCH(x, conv2d_backward, x, w, dy, spec, need_dx);
 }
 Tensor batchnorm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,

@@ -55,6 +55,8 @@ struct Descs {
                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     RELPOS_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, g.groups));
     RELPOS_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    // (NaN through the fused ReLU becomes 0 here, where the CPU keeps it: CUDNN_PROPAGATE_NAN in the
+    // fused call has not been run on a GPU yet, so the tested setting stays; docs/gpu.md)
     RELPOS_CUDNN_CHECK(cudnnSetActivationDescriptor(act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
     int n, c, h, ww;
     RELPOS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &c, &h, &ww));

@@ -1,4 +1,5 @@
 // Device memory for the CUDA build: per-stream caching pools, copies and layout changes.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@ namespace relpos {
 namespace detail {
 namespace {
 void retire_stream(std::uint64_t id);
+void empty_idle_blocks(std::uint64_t id);
 }  // namespace
 }  // namespace detail
 
@@ -73,9 +75,24 @@ void* workspace(std::size_t bytes) {
   if (bytes > ws.bytes) {
     cudaStream_t s = stream();
     RELPOS_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer may still be in use
-    if (ws.p) RELPOS_CUDA_CHECK(cudaFree(ws.p));
-    ws.bytes = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
-    RELPOS_CUDA_CHECK(cudaMalloc(&ws.p, ws.bytes));
+    // Nothing until the new buffer is there: a failed allocation left the larger size recorded
+    // over a freed pointer, which the next convolution was then handed.
+    void* old = ws.p;
+    ws.p = nullptr;
+    ws.bytes = 0;
+    if (old) RELPOS_CUDA_CHECK(cudaFree(old));
+    const std::size_t want = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+    void* p = nullptr;
+    if (cudaMalloc(&p, want) != cudaSuccess) {
+      cudaGetLastError();  // handled here, not left for the next kernel's check to report
+      detail::empty_idle_blocks(context().id);  // this thread's cached blocks back to the device
+      if (cudaMalloc(&p, want) != cudaSuccess) {
+        cudaGetLastError();
+        RELPOS_FAIL("out of GPU memory allocating a cuDNN workspace of " << want << " bytes");
+      }
+    }
+    ws.p = p;
+    ws.bytes = want;
   }
   return ws.p;
 }
@@ -153,6 +170,18 @@ class StreamPools {
     a->release(p, bytes);
   }
 
+  // The pool's idle blocks back to the device (its thread's stream synchronised first).
+  void empty_idle(std::uint64_t id) {
+    std::shared_ptr<CachingAllocator> a;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = pools_.find(id);
+      if (it == pools_.end()) return;
+      a = it->second;
+    }
+    a->empty_cache();
+  }
+
   // The thread owning this pool exits (its stream already synchronised): idle blocks go back to
   // the device; blocks still in use are freed directly when released.
   void retire(std::uint64_t id) {
@@ -199,6 +228,7 @@ StreamPools& pools() {
 }
 
 void retire_stream(std::uint64_t id) { pools().retire(id); }
+void empty_idle_blocks(std::uint64_t id) { pools().empty_idle(id); }
 
 __global__ void fill_kernel(float* p, std::size_t n, float v) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -206,23 +236,30 @@ __global__ void fill_kernel(float* p, std::size_t n, float v) {
     p[i] = v;
 }
 
-// 32x32 tiles through shared memory: coalesced reads and writes for both layouts.
+// 32x32 tiles through shared memory: coalesced reads and writes for both layouts. The grid's y
+// (row tiles) and z (images) are capped at 65535: a block steps over the rest (a channels-last map
+// of more than 2,097,120 pixels, or more than 65535 images, failed to launch).
 template <bool kToNhwc>
-__global__ void permute_kernel(const float* src, float* dst, std::int64_t c, std::int64_t hw) {
+__global__ void permute_kernel(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
   __shared__ float tile[32][33];
-  const std::int64_t b = blockIdx.z;
   const std::int64_t rows = kToNhwc ? c : hw, cols = kToNhwc ? hw : c;  // source is rows x cols
-  const float* s = src + b * c * hw;
-  float* d = dst + b * c * hw;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
-  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
-    const std::int64_t r = r0 + k, cc = c0 + threadIdx.x;
-    if (r < rows && cc < cols) tile[k][threadIdx.x] = s[r * cols + cc];
-  }
-  __syncthreads();
-  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
-    const std::int64_t cc = c0 + k, r = r0 + threadIdx.x;
-    if (r < rows && cc < cols) d[cc * rows + r] = tile[threadIdx.x][k];
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  for (std::int64_t b = blockIdx.z; b < n; b += gridDim.z) {
+    const float* s = src + b * c * hw;
+    float* d = dst + b * c * hw;
+    for (std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32; r0 < rows;
+         r0 += static_cast<std::int64_t>(gridDim.y) * 32) {  // (the same trip count for the whole block)
+      for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const std::int64_t r = r0 + k, cc = c0 + threadIdx.x;
+        if (r < rows && cc < cols) tile[k][threadIdx.x] = s[r * cols + cc];
+      }
+      __syncthreads();
+      for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const std::int64_t cc = c0 + k, r = r0 + threadIdx.x;
+        if (r < rows && cc < cols) d[cc * rows + r] = tile[threadIdx.x][k];
+      }
+      __syncthreads();  // the tile is filled again next
+    }
   }
 }
 
@@ -230,8 +267,9 @@ template <bool kToNhwc>
 void permute(const float* src, float* dst, std::int64_t n, std::int64_t c, std::int64_t hw) {
   if (n * c * hw == 0) return;
   const std::int64_t rows = kToNhwc ? c : hw, cols = kToNhwc ? hw : c;
-  dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32), static_cast<unsigned>(n));
-  permute_kernel<kToNhwc><<<grid, dim3(32, 8), 0, cuda::stream()>>>(src, dst, c, hw);
+  dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(std::min<std::int64_t>((rows + 31) / 32, 65535)),
+            static_cast<unsigned>(std::min<std::int64_t>(n, 65535)));
+  permute_kernel<kToNhwc><<<grid, dim3(32, 8), 0, cuda::stream()>>>(src, dst, n, c, hw);
   RELPOS_CUDA_LAUNCHED();
 }
 

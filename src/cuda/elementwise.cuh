@@ -18,7 +18,7 @@ inline unsigned grid_for(std::int64_t n) { return std::min<unsigned>(blocks_for(
 inline int code(Act a) { return a == Act::ReLU ? 1 : a == Act::SiLU ? 2 : 0; }
 
 __device__ __forceinline__ float act_fwd(float x, int act) {
-  if (act == 1) return x > 0.0f ? x : 0.0f;
+  if (act == 1) return x > 0.0f || isnan(x) ? x : 0.0f;  // NaN stays NaN, as on the CPU and in PyTorch
   if (act == 2) return x / (1.0f + __expf(-x));
   return x;
 }

@@ -33,7 +33,7 @@ struct PoolDesc {
     RELPOS_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d));
     const auto mode = s.kind == ops::PoolKind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC
                                                    : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-    RELPOS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(d, mode, CUDNN_NOT_PROPAGATE_NAN, s.kernel, s.kernel, s.pad, s.pad,
+    RELPOS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(d, mode, CUDNN_PROPAGATE_NAN, s.kernel, s.kernel, s.pad, s.pad,
                                                    s.stride, s.stride));
   }
   ~PoolDesc() { cudnnDestroyPoolingDescriptor(d); }
