@@ -115,6 +115,34 @@ TEST_CASE("results that cannot be written to standard output make the run fail")
     const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CHECK(err.find("relpos: error: cannot write the results to standard output") != std::string::npos);
   }
+  // classify stops at the first batch it cannot write (it classified every image, then said so)
+  const int st = std::system((std::string(RELPOS_CLI_PATH) + " classify -m " + tiny() + " " + samples() +
+                              " --batch 1 > /dev/full 2> " + dir.file("err"))
+                                 .c_str());
+  CHECK(WEXITSTATUS(st) == 1);
+  std::ifstream in(dir.file("err"));
+  const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(err);
+  CHECK(err.find("images classified") == std::string::npos);
+  CHECK(err.find("cannot write the results to standard output: No space left on device") != std::string::npos);
+}
+
+TEST_CASE("control bytes in file names are escaped in text output and messages; --json keeps them exact") {
+  // a newline made two lines of one name, an escape sequence cleared the screen
+  TempDir dir;
+  fs::create_directories(dir.path + "/in");
+  fs::copy_file(samples() + "/bag_00018.png", dir.path + "/in/a\nb.png");
+  fs::copy_file(samples() + "/bag_00018.png", dir.path + "/in/e\x1b[2J.png");
+  std::ofstream(dir.path + "/in/z\x1b[31m.png") << "not an image";
+  Run r = run("classify -m " + tiny() + " " + dir.path + "/in -k 1");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(dir.path + "/in/a\\nb.png\n") != std::string::npos);
+  CHECK(r.out.find(dir.path + "/in/e\\x1b[2J.png\n") != std::string::npos);
+  CHECK(r.out.find("skipped " + dir.path + "/in/z\\x1b[31m.png: not a readable image") != std::string::npos);
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  Run j = run("classify -m " + tiny() + " " + dir.path + "/in -k 1 --json");
+  CHECK(j.out.find("\"" + dir.path + "/in/a\\nb.png\"") != std::string::npos);  // JSON's own escape: exact
 }
 
 TEST_CASE("an empty folder is an error, not a silent success") {

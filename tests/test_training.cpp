@@ -289,6 +289,24 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   CHECK(problems[0].first == dots + "/lost.png");
   CHECK(problems[0].second.find("'" + dir.path + "/gone.png' does not exist") != std::string::npos);
   fs::remove(dots + "/lost.png");
+  // so is a link to a folder whose target is gone (a disk not mounted), and a link loop: each left
+  // the images it would have led to out without a word
+  fs::create_directory_symlink(dir.path + "/unmounted/bags", dots + "/extra");
+  CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"), doctest::Contains((dots + "/extra: broken symbolic link").c_str()),
+                       Error);
+  fs::remove(dots + "/extra");
+  fs::create_symlink(dots + "/loop_b", dots + "/loop_a");
+  fs::create_symlink(dots + "/loop_a", dots + "/loop_b");
+  problems.clear();
+  CHECK(find_images(dots, &problems).size() == 5);
+  REQUIRE(problems.size() == 2);
+  CHECK(problems[0].second.find("cannot open it: Too many levels of symbolic links") != std::string::npos);
+  fs::remove(dots + "/loop_a");
+  fs::remove(dots + "/loop_b");
+  // a dangling link with another extension (notes.txt) is no image or folder of the data: left alone
+  fs::create_symlink(dir.path + "/gone.txt", dots + "/notes.txt");
+  CHECK(find_images(dots).size() == 5);
+  fs::remove(dots + "/notes.txt");
   // so is a class folder's link whose target is gone: it would drop a class
   fs::create_directory_symlink(dir.path + "/gone", dir.path + "/train/stripes");
   CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),

@@ -37,6 +37,13 @@ bool allow_tf32();
 // message: it goes to TrainOptions::on_event.
 void set_log_handler(std::function<void(const std::string&)> handler);
 
+// For an application's signal handler (SIGINT, SIGTERM, ...): removes the temporary files of the
+// files relpos is writing at that moment. Each file relpos writes (models, checkpoints, pictures,
+// logs) is written as "<name>.tmp.<pid>" beside it and renamed when complete, so a process stopped
+// mid-write keeps the old file whole, but leaves the temporary behind unless its handler calls
+// this. Async-signal-safe (it only unlinks); the `relpos` command line calls it.
+void remove_temporary_files() noexcept;
+
 // Per-layer timing (`relpos bench --profile`). While profiling is on, every op a network runs is
 // timed (waiting for the GPU before and after, so the run is slower) and charged to the layer it
 // ran in: "stem", "stages.I.J" (a block) or "head", or "" outside a network. Ops inside ops are

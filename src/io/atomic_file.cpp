@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,49 @@
 #include <sstream>
 
 #include "relpos/error.hpp"
+#include "relpos/runtime.hpp"
+
+namespace relpos {
+
+namespace {
+// The temporary files being written now, for remove_temporary_files() in a signal handler: fixed
+// slots holding copies of their paths (a handler must not touch memory another thread may free),
+// each claimed (1) while its path is copied in and ready (2) until the write is over.
+constexpr int kTemporarySlots = 64;
+constexpr std::size_t kTemporaryPathMax = 4096;
+std::atomic<int> g_temporary_state[kTemporarySlots];
+char g_temporary_path[kTemporarySlots][kTemporaryPathMax];
+
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(const std::string& path) {
+    if (path.size() >= kTemporaryPathMax) return;  // (the system takes no longer path anyway)
+    for (int i = 0; i < kTemporarySlots; ++i) {
+      int free = 0;
+      if (!g_temporary_state[i].compare_exchange_strong(free, 1)) continue;
+      std::memcpy(g_temporary_path[i], path.c_str(), path.size() + 1);
+      g_temporary_state[i].store(2);
+      slot_ = i;
+      return;
+    }
+  }
+  ~TemporaryFile() {
+    if (slot_ >= 0) g_temporary_state[slot_].store(0);
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+}  // namespace
+
+void remove_temporary_files() noexcept {
+  for (int i = 0; i < kTemporarySlots; ++i)
+    if (g_temporary_state[i].load() == 2) ::unlink(g_temporary_path[i]);
+}
+
+}  // namespace relpos
 
 namespace relpos::detail {
 
@@ -39,6 +83,7 @@ void write_atomically(const std::string& requested, const std::function<void(std
   const std::string tmp = p.filename().string().size() + suffix.size() <= 255
                               ? path + suffix
                               : (p.parent_path() / (".relpos" + suffix)).string();
+  const TemporaryFile registered(tmp);  // (before it exists: a signal while it is made removes it too)
   try {
     // a file replaced keeps its permissions (a private 0600 model became 0644): the temporary is
     // made with them (writable by its owner while it is written) before anything is written to

@@ -41,22 +41,27 @@ struct Walk {
       if (p.filename().string().rfind('.', 0) == 0) continue;
       std::error_code se;
       const fs::file_status st = fs::status(p, se);  // through links
+      const bool image_name = has_image_extension(p.string());
       if (fs::is_directory(st)) {
         subfolders.push_back(p);
-      } else if (has_image_extension(p.string())) {
-        if (fs::is_regular_file(st)) {
-          images.push_back(p.string());
-        } else if (st.type() == fs::file_type::not_found) {  // only a link can be listed and not be there
+      } else if (image_name && fs::is_regular_file(st)) {
+        images.push_back(p.string());
+      } else if (st.type() == fs::file_type::not_found) {
+        // Only a link can be listed and not be there. One named like an image, or with no extension
+        // (a folder's link: a disk not mounted, a moved folder), would leave images out without a word.
+        if (image_name || !p.filename().has_extension()) {
           std::error_code le;
           const fs::path target = fs::read_symlink(p, le);
           problems.emplace_back(p.string(), le ? std::string("it is gone (removed while the folder was listed)")
                                                : "broken symbolic link: its target '" + target.string() +
                                                      "' does not exist");
-        } else if (se) {  // a link loop, a folder on the way that cannot be searched
-          problems.emplace_back(p.string(), "cannot open it: " + se.message());
         }
-        // a FIFO, socket or device named like an image is not an image file: left out
+      } else if (se) {
+        // a link loop, a path longer than the system takes, a folder on the way that cannot be
+        // searched: whatever it is (a folder of images, an image), it cannot be read
+        problems.emplace_back(p.string(), "cannot open it: " + se.message());
       }
+      // a FIFO, socket or device named like an image is not an image file: left out
     }
     if (ec) problems.emplace_back(dir.string(), "cannot read folder: " + ec.message());
     for (const fs::path& s : subfolders) folder(s);

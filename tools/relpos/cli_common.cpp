@@ -86,6 +86,34 @@ CLI::Validator percent_check() {
 }
 }  // namespace
 
+std::string terminal_safe(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u != 0x7f) {
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    }
+  }
+  return out;
+}
+
+int& output_error() {
+  static int err = 0;
+  return err;
+}
+
 CLI::Validator number_in(double lo, double hi) {
   std::ostringstream range;
   range << '[' << lo << ".." << hi << ']';

@@ -42,6 +42,12 @@ extern const CLI::Validator kPositive, kNonNegative;
 extern const CLI::Validator kProbability, kFraction;
 // (0, 100]: above 0 and at most 100.
 extern const CLI::Validator kPercentile;
+// Text for a terminal or a line-based log: control bytes (a file name's newline, escape sequences
+// that would clear the screen or fake a line) written as \n, \t, \r or \xHH. --json output keeps
+// names exact instead.
+std::string terminal_safe(const std::string& text);
+// Where standard output failed (errno), for the error that says so at exit (0: not known).
+int& output_error();
 // A number from lo to hi (CLI::Range lets "nan" through).
 CLI::Validator number_in(double lo, double hi);
 

@@ -62,7 +62,7 @@ void report_error(const ClassifyArgs& a, const std::string& image, const std::st
     j["error"] = json_safe_name(text, nullptr);
     std::cout << json_text(j) << std::endl;
   }
-  std::cerr << "relpos: skipped " << text << "\n";
+  std::cerr << "relpos: skipped " << terminal_safe(text) << "\n";
 }
 
 void print_result(const ClassifyArgs& a, const std::string& image, const std::vector<Prediction>& preds) {
@@ -76,7 +76,7 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
     std::cout << json_text(j) << "\n";
     return;
   }
-  std::cout << image << "\n";
+  std::cout << terminal_safe(image) << "\n";  // (a name's newline made two lines of it)
   for (const Prediction& p : preds)
     std::cout << "  " << std::fixed << std::setprecision(2) << std::setw(6) << 100.0f * p.probability << "%  "
               << p.label << "\n";
@@ -150,6 +150,11 @@ void run(const ClassifyArgs& a) {
       else report_error(a, files[i], *why[i - start]);
     }
     std::cout.flush();
+    if (!std::cout) {  // a full disk, a closed pipe: the rest would be classified for nothing
+      output_error() = errno;
+      exit_status() = kExitFailure;
+      return;
+    }
     done += inputs.size();
     bar.update(end, files.size());
   }

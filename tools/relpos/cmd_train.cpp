@@ -27,6 +27,7 @@ std::atomic<int> g_signal{0};  // the signal that asked the run to stop
 // the current step with a checkpoint; the exit status is then 128 + the signal, as the shell reports it
 extern "C" void on_signal(int sig) {
   if (g_stop.exchange(true)) {  // a second Ctrl-C: leave at once, and say what that costs
+    relpos::remove_temporary_files();  // (a checkpoint being written stays as it was)
     const char msg[] = "\nrelpos: quitting now, without a checkpoint: the run resumes from its last one, if any\n";
     const ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
     (void)ignored;
