@@ -344,6 +344,9 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   const auto with_hidden = open_dataset(dir.path, "train");
   CHECK(with_hidden->classes().size() == 3);
   CHECK(with_hidden->size() == 14);  // 13 and the .jfif
+  // a label starting with '.' names a hidden folder: said so (the folder is there, and was said missing)
+  CHECK_THROWS_WITH_AS(ImageFolderDataset(dir.path + "/train", {"bars", "columns", "dots", ".ipynb_checkpoints"}),
+                       doctest::Contains("a folder whose name starts with '.' is hidden, never a class"), Error);
 }
 
 TEST_CASE("the data loader restarts epochs while its workers are busy, and every epoch is complete and right") {

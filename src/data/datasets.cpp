@@ -110,7 +110,10 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
                                        ClassFolders order) {
   RELPOS_CHECK(fs::is_directory(root), "'" << root << "' is not a folder");
   std::vector<std::string> folders;
-  for (const auto& e : fs::directory_iterator(root)) {
+  std::error_code list_ec;
+  fs::directory_iterator listing(root, list_ec);
+  RELPOS_CHECK(!list_ec, root << ": cannot read the folder (" << list_ec.message() << ")");
+  for (const auto& e : listing) {
     std::error_code ec;
     if (e.path().filename().string().rfind('.', 0) == 0) continue;  // hidden (.ipynb_checkpoints/): not a class
     if (e.is_directory(ec)) folders.push_back(e.path().filename().string());
@@ -179,7 +182,11 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, const std::vecto
     }
     for (std::size_t l = 0; l < labels.size(); ++l)
       RELPOS_CHECK(found[l], root << ": no folder for class '" << labels[l] << "' (expected " << root << "/"
-                                  << label_folder_name(labels[l]) << "/)");
+                                  << label_folder_name(labels[l]) << "/"
+                                  << (label_folder_name(labels[l]).rfind('.', 0) == 0
+                                          ? "; a folder whose name starts with '.' is hidden, never a class"
+                                          : "")
+                                  << ")");
   }
   // A link inside a class folder may lead into another class's folder (or above it): its images would
   // then count for two classes. Every folder images come from, links resolved, belongs to one class.
