@@ -174,6 +174,22 @@ TEST_CASE("a hang-up (the terminal gone, stderr a pipe without reader) saves a c
   resume_for(d, out, 1, "log2");
 }
 
+TEST_CASE("under nohup (SIGHUP ignored) a hang-up does not stop a run") {
+  // train put its own handler over the ignored signal: a closed terminal stopped a nohup'ed run
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 2);
+  const std::string out = d.path + "/run";
+  const std::string script = "trap \"\" HUP; " + train_cmd(d, out, 200) + " -q > " + d.file("log") +
+                             " 2>&1 & pid=$!; for i in $(seq 1 600); do [ -f " + out +
+                             "/checkpoint.safetensors ] && break; sleep 0.05; done; kill -HUP $pid || exit 99; " +
+                             "wait $pid; exit $?";
+  CHECK(sh(script) == 0);  // (99: the run had ended before the hang-up came)
+  const std::string log = slurp(d.file("log"));
+  INFO(log);
+  CHECK(log.find("interrupted") == std::string::npos);
+  CHECK(csv_rows(out + "/log.csv") == 200);
+}
+
 TEST_CASE("a run started with relative --data and --save resumes from another folder on the same data and file") {
   TempDir d;
   relpos::test::make_pattern_dataset(d.path + "/work/data", 8, 2);

@@ -161,6 +161,23 @@ TEST_CASE("a process whose part of a batch is all unreadable: every process skip
   CHECK(log.find("test accuracy") != std::string::npos);
 }
 
+TEST_CASE("a class none of whose images can be read stops every process of a run before its first step") {
+  if (!can_run()) return;
+  TempDir d;
+  relpos::test::make_pattern_dataset(d.path + "/data", 8, 2);
+  // the processes share the classes to try (class 1, 'columns', is process 1's): all stop together
+  for (const auto& e : fs::directory_iterator(d.path + "/data/train/columns"))
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "not a png";
+  const int status = sh("timeout 120 " + mpirun(2, kSharedMemory) + train_args(d, 4, d.path + "/run") + " > " +
+                        d.file("run.log") + " 2>&1");
+  const std::string log = slurp(d.file("run.log"));
+  INFO(log);
+  CHECK(status != 124);  // (hung)
+  CHECK(status != 0);
+  CHECK(log.find("none of the 8 images of class 'columns' can be read (the first: ") != std::string::npos);
+  CHECK(!fs::exists(d.path + "/run/checkpoint.safetensors"));
+}
+
 TEST_CASE("processes given different commands, or one that fails before training, stop with an error; none hangs") {
   if (!can_run()) return;
   TempDir d;

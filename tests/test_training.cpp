@@ -303,10 +303,10 @@ TEST_CASE("image folders: linked subfolders are followed once, a broken link is 
   CHECK(problems[0].second.find("cannot open it: Too many levels of symbolic links") != std::string::npos);
   fs::remove(dots + "/loop_a");
   fs::remove(dots + "/loop_b");
-  // a dangling link with another extension (notes.txt) is no image or folder of the data: left alone
-  fs::create_symlink(dir.path + "/gone.txt", dots + "/notes.txt");
-  CHECK(find_images(dots).size() == 5);
-  fs::remove(dots + "/notes.txt");
+  // whatever its name: "photos.2019" was a folder of images too
+  fs::create_directory_symlink(dir.path + "/gone", dots + "/photos.2019");
+  CHECK_THROWS_WITH_AS(find_images(dots), doctest::Contains((dots + "/photos.2019: broken symbolic link").c_str()), Error);
+  fs::remove(dots + "/photos.2019");
   // so is a class folder's link whose target is gone: it would drop a class
   fs::create_directory_symlink(dir.path + "/gone", dir.path + "/train/stripes");
   CHECK_THROWS_WITH_AS(open_dataset(dir.path, "train"),
@@ -655,6 +655,30 @@ TEST_CASE("checkpoint_minutes writes checkpoints inside an epoch; resuming from 
   train(one_resumed, small_run(data, dir.path + "/one_part"), dir.path + "/one_part/checkpoint.safetensors");
   CHECK(weights_of(one_resumed) == weights_of(one));
   CHECK(threads_in_use() == omp_get_num_procs());  // the run's count ends with the run
+}
+
+TEST_CASE("a run begun before the rate and momentum checks resumes with the recipe it began with") {
+  // min_lr above lr, momentum 1: refused for a new run, but a checkpoint recorded before that rule
+  // still resumes (the refusal named --min-lr, a flag that cannot be given with --resume)
+  test::TempDir dir;
+  TrainOptions o = train_one_epoch(dir);
+  const std::string ckpt = dir.path + "/run/checkpoint.safetensors";
+  rewrite_metadata(ckpt, ckpt, [&](std::map<std::string, std::string>& meta) {
+    nlohmann::json oj = nlohmann::json::parse(meta.at("relpos.train_options"));
+    oj["min_lr"] = 2.0 * oj["lr"].get<double>();
+    oj["optimizer"]["momentum"] = 1.0;
+    meta["relpos.train_options"] = oj.dump();
+  });
+  Model m = Model::create(test::tiny_rgb_config(), 5);
+  CHECK(train(m, o, ckpt, nullptr, 2).history.size() == 2);
+  TrainOptions fresh = o;  // a new run with either is refused
+  fresh.out = dir.path + "/new";
+  fresh.min_lr = 2.0f * fresh.lr;
+  Model n = Model::create(test::tiny_rgb_config(), 5);
+  CHECK_THROWS_WITH_AS(train(n, fresh), doctest::Contains("the learning rate would rise"), Error);
+  fresh.min_lr = 0.0f;
+  fresh.optimizer.momentum = 1.0f;
+  CHECK_THROWS_WITH_AS(train(n, fresh), doctest::Contains("it must be from 0 to below 1"), Error);
 }
 
 TEST_CASE("a run whose recorded --save has no .json or .safetensors extension (older relpos wrote JSON to any name) resumes") {

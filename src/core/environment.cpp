@@ -41,10 +41,16 @@ bool positive_integer(const char* value) {
 
 // OpenMP's thread counts: a positive number, or a comma-separated list of them (one per nesting level).
 bool thread_counts(const char* value) {
+  // (spaces around the numbers, as OpenMP takes them: "4 ", " 4, 2")
+  const auto skip_spaces = [&] {
+    while (*value == ' ' || *value == '\t') ++value;
+  };
   for (;;) {
+    skip_spaces();
     const char* start = value;
     while (*value >= '0' && *value <= '9') ++value;
     if (value == start || *start == '0') return false;
+    skip_spaces();
     if (*value == '\0') return true;
     if (*value++ != ',') return false;
   }

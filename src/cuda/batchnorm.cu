@@ -92,7 +92,7 @@ __global__ void bn_apply_kernel(const float* x, float* y, float* y_act, const fl
     const float is = var ? rsqrtf(var[ch] + eps) : inv_std[ch];
     const float v = (x[i] - mean[ch]) * is * gamma[ch] + beta[ch];
     if (y) y[i] = v;
-    if (y_act) y_act[i] = act_fwd(v, act);
+    if (y_act) y_act[i] = act_fwd_keep_nan(v, act);
   }
 }
 

@@ -17,10 +17,17 @@ inline unsigned grid_for(std::int64_t n) { return std::min<unsigned>(blocks_for(
 // Activation codes for kernels: 0 none, 1 ReLU, 2 SiLU.
 inline int code(Act a) { return a == Act::ReLU ? 1 : a == Act::SiLU ? 2 : 0; }
 
+// (a NaN becomes 0 through the ReLU, as through oneDNN's in the CPU's activation and add)
 __device__ __forceinline__ float act_fwd(float x, int act) {
-  if (act == 1) return x > 0.0f || isnan(x) ? x : 0.0f;  // NaN stays NaN, as on the CPU and in PyTorch
+  if (act == 1) return x > 0.0f ? x : 0.0f;
   if (act == 2) return x / (1.0f + __expf(-x));
   return x;
+}
+
+// The same with a NaN kept, as the CPU's own batch-norm kernels keep it (and PyTorch's ReLU).
+__device__ __forceinline__ float act_fwd_keep_nan(float x, int act) {
+  if (act == 1) return x > 0.0f || isnan(x) ? x : 0.0f;
+  return act_fwd(x, act);
 }
 
 __device__ __forceinline__ float act_grad(float x, int act) {

@@ -19,8 +19,9 @@ namespace relpos {
 
 namespace {
 // The temporary files being written now, for remove_temporary_files() in a signal handler: fixed
-// slots holding copies of their paths (a handler must not touch memory another thread may free),
-// each claimed (1) while its path is copied in and ready (2) until the write is over.
+// slots holding copies of their paths (a handler must not touch memory another thread may free).
+// A slot is free (0), being filled (1), ready (2), or being read by a handler (3): the write's end
+// waits for a handler's unlink to finish before it frees the slot for another path.
 constexpr int kTemporarySlots = 64;
 constexpr std::size_t kTemporaryPathMax = 4096;
 std::atomic<int> g_temporary_state[kTemporarySlots];
@@ -40,7 +41,10 @@ class TemporaryFile {
     }
   }
   ~TemporaryFile() {
-    if (slot_ >= 0) g_temporary_state[slot_].store(0);
+    if (slot_ < 0) return;
+    for (int ready = 2; !g_temporary_state[slot_].compare_exchange_weak(ready, 0); ready = 2) {
+      // a handler on another thread is reading the path (a handler on this one ran to its end first)
+    }
   }
   TemporaryFile(const TemporaryFile&) = delete;
   TemporaryFile& operator=(const TemporaryFile&) = delete;
@@ -51,8 +55,12 @@ class TemporaryFile {
 }  // namespace
 
 void remove_temporary_files() noexcept {
-  for (int i = 0; i < kTemporarySlots; ++i)
-    if (g_temporary_state[i].load() == 2) ::unlink(g_temporary_path[i]);
+  for (int i = 0; i < kTemporarySlots; ++i) {
+    int ready = 2;
+    if (!g_temporary_state[i].compare_exchange_strong(ready, 3)) continue;
+    ::unlink(g_temporary_path[i]);
+    g_temporary_state[i].store(2);
+  }
 }
 
 }  // namespace relpos

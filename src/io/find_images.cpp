@@ -47,15 +47,13 @@ struct Walk {
       } else if (image_name && fs::is_regular_file(st)) {
         images.push_back(p.string());
       } else if (st.type() == fs::file_type::not_found) {
-        // Only a link can be listed and not be there. One named like an image, or with no extension
-        // (a folder's link: a disk not mounted, a moved folder), would leave images out without a word.
-        if (image_name || !p.filename().has_extension()) {
-          std::error_code le;
-          const fs::path target = fs::read_symlink(p, le);
-          problems.emplace_back(p.string(), le ? std::string("it is gone (removed while the folder was listed)")
-                                               : "broken symbolic link: its target '" + target.string() +
-                                                     "' does not exist");
-        }
+        // Only a link can be listed and not be there. Whatever its name, it may have led to images (a
+        // folder on a disk not mounted, "photos.2019", a moved folder): left out, they would go unsaid.
+        std::error_code le;
+        const fs::path target = fs::read_symlink(p, le);
+        problems.emplace_back(p.string(), le ? std::string("it is gone (removed while the folder was listed)")
+                                             : "broken symbolic link: its target '" + target.string() +
+                                                   "' does not exist");
       } else if (se) {
         // a link loop, a path longer than the system takes, a folder on the way that cannot be
         // searched: whatever it is (a folder of images, an image), it cannot be read

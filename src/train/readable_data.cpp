@@ -25,35 +25,30 @@ bool readable(const Dataset& data, const Preprocess& pre, int canvas, std::size_
 
 }  // namespace
 
-void check_readable(const Dataset& data, const Preprocess& pre, int canvas, const std::string& what, bool every_class) {
-  if (!every_class) {
-    std::string reason;
-    for (std::size_t i = 0; i < data.size(); ++i)
-      if (readable(data, pre, canvas, i, reason)) return;
-    RELPOS_CHECK(data.size() > 0, what << ": no images");
-    RELPOS_FAIL(what << ": none of its " << data.size() << " images can be read (the first: " << reason << ")");
-  }
+void check_some_readable(const Dataset& data, const Preprocess& pre, int canvas, const std::string& what) {
+  std::string reason;
+  for (std::size_t i = 0; i < data.size(); ++i)
+    if (readable(data, pre, canvas, i, reason)) return;
+  RELPOS_CHECK(data.size() > 0, what << ": no images");
+  RELPOS_FAIL(what << ": none of its " << data.size() << " images can be read (the first: " << reason << ")");
+}
+
+std::vector<std::string> unreadable_classes(const Dataset& data, const Preprocess& pre, int canvas, int shard,
+                                            int shards) {
   const std::size_t classes = data.classes().size();
   std::vector<std::vector<std::size_t>> of(classes);
   for (std::size_t i = 0; i < data.size(); ++i) of.at(static_cast<std::size_t>(data.label(i))).push_back(i);
   std::vector<std::string> failed(classes);  // per class: the first image's error when none is readable
-  std::vector<char> dead(classes, 0);
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::size_t c = 0; c < classes; ++c) {
-    if (of[c].empty()) continue;  // (a subset without this class: nothing to read)
+    if (of[c].empty() || static_cast<int>(c % static_cast<std::size_t>(shards)) != shard) continue;
     std::string reason;
     bool any = false;
     for (const std::size_t i : of[c])
       if ((any = readable(data, pre, canvas, i, reason))) break;
-    if (!any) {
-      dead[c] = 1;
-      failed[c] = reason;
-    }
+    if (!any) failed[c] = reason;
   }
-  for (std::size_t c = 0; c < classes; ++c)
-    RELPOS_CHECK(!dead[c], what << ": none of the " << of[c].size() << " images of class '" << data.classes()[c]
-                                << "' can be read (the first: " << failed[c]
-                                << "); a class needs at least one image to train on: fix or remove its folder");
+  return failed;
 }
 
 }  // namespace relpos::detail

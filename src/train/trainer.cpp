@@ -281,10 +281,10 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
                                                  << " is not valid UTF-8 (the checkpoint records it as text); rename it");
   }
   RELPOS_CHECK(opts.epochs >= 1 && opts.batch >= 2, "need at least one epoch and batches of at least 2 images");
-  // (NaN is refused below, by name)
-  RELPOS_CHECK(!(opts.min_lr > opts.lr), "the learning rate would rise: min_lr (--min-lr) " << opts.min_lr
-                                                                                           << " is above lr (--lr) " << opts.lr);
-  RELPOS_CHECK(!(opts.optimizer.momentum < 0.0f || opts.optimizer.momentum >= 1.0f),
+  // A new run's recipe (a resumed one keeps the recipe it began with; NaN is refused below, by name)
+  RELPOS_CHECK(ck || !(opts.min_lr > opts.lr), "the learning rate would rise: min_lr (--min-lr) "
+                                                   << opts.min_lr << " is above lr (--lr) " << opts.lr);
+  RELPOS_CHECK(ck || !(opts.optimizer.momentum < 0.0f || opts.optimizer.momentum >= 1.0f),
                "the optimizer's momentum (--momentum) is " << opts.optimizer.momentum
                                                            << "; it must be from 0 to below 1");
   // NaN passes every range check (each comparison is false) and is saved as null, which no resume
@@ -373,20 +373,23 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
   };
 
   // A new run takes its classes from the data (a new classifier when the model's do not fit it).
+  const auto two_classes = [&](const std::vector<std::string>& classes) {
+    RELPOS_CHECK(classes.size() >= 2, opts.data << ": " << classes.size() << " class"
+                                                << (classes.empty() ? std::string() : " ('" + classes.front() + "')")
+                                                << ": a classifier learns to tell classes apart, so the data needs a "
+                                                   "folder for each of at least two");
+  };
   if (!ck) {
-    const std::string changed =
-        fit_to_data(model, is_folder_data(opts.data) ? open_dataset(opts.data, "train")->classes() : fashion_mnist_classes(),
-                    static_cast<std::uint32_t>(opts.seed));
+    const std::vector<std::string> classes =
+        is_folder_data(opts.data) ? open_dataset(opts.data, "train")->classes() : fashion_mnist_classes();
+    two_classes(classes);  // (before a new classifier is made, and said to be, for one class)
+    const std::string changed = fit_to_data(model, classes, static_cast<std::uint32_t>(opts.seed));
     if (!changed.empty()) note(changed);
   }
   // The model's labels find their class folders by name.
   const auto train_all = open_dataset(opts.data, "train", model.labels());
   Network& net = model.network();
-  RELPOS_CHECK(train_all->classes().size() >= 2,
-               opts.data << ": " << train_all->classes().size() << " class"
-                         << (train_all->classes().empty() ? std::string() : " ('" + train_all->classes().front() + "')")
-                         << ": a classifier learns to tell classes apart, so the data needs a folder for each of "
-                            "at least two");
+  two_classes(train_all->classes());
   RELPOS_CHECK(static_cast<int>(train_all->classes().size()) == net.config().num_classes,
                opts.data << " has " << train_all->classes().size() << " classes but the model has "
                          << net.config().num_classes << " outputs");
@@ -511,12 +514,27 @@ TrainResult train(Model& model, const TrainOptions& options, const std::string& 
       const fs::path p = fs::path(opts.data) / (std::string(split) == "training" ? "train" : split);
       return (fs::is_directory(p) ? p : fs::path(opts.data)).string();
     };
-    detail::check_readable(*train_data, model.preprocess(), canvas, folder("training"), true);
+    // each process of a run tries its share of the classes; all of them stop together
+    const std::vector<std::string> dead =
+        detail::unreadable_classes(*train_data, model.preprocess(), canvas, dp.rank(), dp.size());
+    std::vector<double> flags(dead.size());
+    for (std::size_t c = 0; c < dead.size(); ++c) flags[c] = dead[c].empty() ? 0.0 : 1.0;
+    if (dp.size() > 1 && !flags.empty()) dp.sum(flags.data(), flags.size());
+    for (std::size_t c = 0; c < flags.size(); ++c) {
+      std::size_t images = 0;
+      if (flags[c] > 0.0)
+        for (std::size_t i = 0; i < train_data->size(); ++i) images += train_data->label(i) == static_cast<int>(c);
+      RELPOS_CHECK(flags[c] == 0.0, folder("training") << ": none of the " << images << " images of class '"
+                                                       << train_data->classes()[c] << "' can be read ("
+                                                       << (dead[c].empty() ? "another process of the run tried them"
+                                                                           : "the first: " + dead[c])
+                                                       << "); a class needs at least one image to train on: fix or "
+                                                          "remove its folder");
+    }
     if (val_data)
-      detail::check_readable(*val_data, model.preprocess(), 0,
-                             val_folder ? folder("val") : "the validation images held out of " + folder("training"),
-                             false);
-    if (test_set) detail::check_readable(*test_set, model.preprocess(), 0, folder("test"), false);
+      detail::check_some_readable(*val_data, model.preprocess(), 0,
+                                  val_folder ? folder("val") : "the validation images held out of " + folder("training"));
+    if (test_set) detail::check_some_readable(*test_set, model.preprocess(), 0, folder("test"));
   }
 
   // The EMA of the weights (what is evaluated and saved when on) and a model to evaluate it in.

@@ -79,7 +79,7 @@ void print_result(const ClassifyArgs& a, const std::string& image, const std::ve
   std::cout << terminal_safe(image) << "\n";  // (a name's newline made two lines of it)
   for (const Prediction& p : preds)
     std::cout << "  " << std::fixed << std::setprecision(2) << std::setw(6) << 100.0f * p.probability << "%  "
-              << p.label << "\n";
+              << terminal_safe(p.label) << "\n";
 }
 
 void run(const ClassifyArgs& a) {

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 #include <memory>
 
 #include "cli_common.hpp"
@@ -121,9 +123,23 @@ void run(TrainArgs a) {
               << processes_text(procs, a.opt, device, false) << "; writing " << a.opt.out << "/\n";
   else if (rank0)
     std::cerr << "relpos: resuming " << a.resume << processes_text(procs, a.opt, device, true) << "\n";
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
+  // A hang-up the parent set to be ignored (nohup) stays ignored. SIGINT and SIGTERM stop the run
+  // with a checkpoint whatever the parent set (a shell script's background job ignores SIGINT, and
+  // `kill -INT` of it saved a checkpoint before). After the run the handlers from before it (main's,
+  // which removes a temporary file) are back.
+  std::vector<std::pair<int, struct sigaction>> before;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) != 0 || (sig == SIGHUP && old.sa_handler == SIG_IGN)) continue;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;  // (as std::signal did: reads of the data are not cut short)
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+    before.emplace_back(sig, old);
+  }
   const TrainResult r = train(model, a.opt, a.resume, &g_stop, a.epochs_given ? a.opt.epochs : 0);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+  for (const auto& sig_old : before) sigaction(sig_old.first, &sig_old.second, nullptr);
   if (r.interrupted) {
     if (rank0)
       std::cerr << "relpos: interrupted; checkpoint saved to " << r.checkpoint
