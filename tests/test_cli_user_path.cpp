@@ -690,3 +690,25 @@ TEST_CASE("a signal while a file is being written removes its temporary, and the
     CHECK_FALSE(fs::exists(out));  // (the file itself was never there: nothing half-written in its place)
   }
 }
+
+TEST_CASE("eval --json gives a data folder's name that is not UTF-8 as its bytes too, as classify --json does") {
+  // "data" held U+FFFD for the bad byte, which maps back to no folder
+  test::TempDir d;
+  const std::string root = d.path + "/ev\xff";
+  test::make_pattern_dataset(root, 1, 1);
+  Model m = Model::create(test::tiny_rgb_config(), 3);
+  m.set_labels({"bars", "columns", "dots"});
+  m.save_json(d.file("m.json"));
+  const auto r = run_cli("eval -m " + d.file("m.json") + " --data '" + root + "' --json");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  CHECK(j["data"] == d.path + "/ev\xef\xbf\xbd");
+  std::string hex;
+  for (const unsigned char ch : root) {
+    static const char kHex[] = "0123456789abcdef";
+    hex += kHex[ch >> 4];
+    hex += kHex[ch & 15];
+  }
+  CHECK(j["data_bytes"] == hex);
+}

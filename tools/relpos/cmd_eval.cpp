@@ -167,13 +167,15 @@ void run(const EvalArgs& a) {
   for (std::size_t c = 0; c < r.per_class.size(); ++c)
     per_class.push_back(images_of[c] > 0 ? nlohmann::json(r.per_class[c]) : nlohmann::json(nullptr));
   if (a.json) {
-    nlohmann::json j = {{"data", a.data}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
+    std::string data_hex;  // (a folder name that is not UTF-8: its bytes, as classify --json gives them)
+    nlohmann::json j = {{"data", json_safe_name(a.data, &data_hex)}, {"split", scored == a.data ? std::string() : a.split}, {"canvas", a.canvas},
                         {"images", r.count}, {"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"classes", r.classes}, {"per_class", per_class},
                         {"confusion", r.confusion}, {"skipped", r.skipped}, {"batch", batch}};
+    if (!data_hex.empty()) j["data_bytes"] = data_hex;
     if (agreement >= 0) j["agreement"] = {{"model", a.compare}, {"top1", agreement}};
     std::cout << json_text(j) << "\n";
   } else {
-    std::cout << std::fixed << std::setprecision(2) << scored << ": " << r.count << " images";
+    std::cout << std::fixed << std::setprecision(2) << terminal_safe(scored) << ": " << r.count << " images";
     if (r.skipped) std::cout << " (" << r.skipped << " unreadable, skipped)";
     std::cout << ", top-1 " << 100 * r.top1 << "%";
     if (r.classes.size() > 5) std::cout << ", top-5 " << 100 * r.top5 << "%";
@@ -194,7 +196,7 @@ void run(const EvalArgs& a) {
       std::cout << "per class:\n";
     }
     for (const std::size_t c : listed) {
-      std::cout << "  " << padded(r.classes[c], 16) << std::setprecision(2);
+      std::cout << "  " << padded(terminal_safe(r.classes[c]), 16) << std::setprecision(2);
       if (images_of[c] > 0) std::cout << std::setw(7) << 100 * r.per_class[c] << "%\n";
       else std::cout << "  no images\n";
     }

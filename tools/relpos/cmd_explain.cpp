@@ -252,11 +252,13 @@ void run(const ExplainArgs& a) {
     }
   }
   std::ofstream(out_file("distances.txt")) << table.str();
-  const nlohmann::json summary = {{"model", model.network().config().name},
-                                  {"image", json_safe_name(a.image, nullptr)},
-                                  {"input_size", {model.preprocess().height, model.preprocess().width}},
-                                  {"prediction", {{"label", top.label}, {"probability", top.probability}}},
-                                  {"layers", layers}};
+  std::string image_hex;  // (a name that is not UTF-8: its bytes, as classify --json gives them)
+  nlohmann::json summary = {{"model", model.network().config().name},
+                            {"image", json_safe_name(a.image, &image_hex)},
+                            {"input_size", {model.preprocess().height, model.preprocess().width}},
+                            {"prediction", {{"label", top.label}, {"probability", top.probability}}},
+                            {"layers", layers}};
+  if (!image_hex.empty()) summary["image_bytes"] = image_hex;
   std::ofstream(out_file("explain.json")) << json_text(summary, 1) << "\n";
   RELPOS_CHECK(fs::exists(fs::path(a.out) / "explain.json"), "cannot write " << (fs::path(a.out) / "explain.json").string());
   std::cout << table.str() << "wrote";
