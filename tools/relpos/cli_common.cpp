@@ -86,6 +86,14 @@ CLI::Validator percent_check() {
 }
 }  // namespace
 
+namespace {
+void append_hex(std::string& out, unsigned char byte) {
+  static const char kDigits[] = "0123456789abcdef";
+  out += kDigits[byte >> 4];
+  out += kDigits[byte & 15];
+}
+}  // namespace
+
 std::string terminal_safe(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -100,10 +108,8 @@ std::string terminal_safe(const std::string& text) {
     } else if (ch == '\r') {
       out += "\\r";
     } else {
-      static const char kHex[] = "0123456789abcdef";
       out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
+      append_hex(out, u);
     }
   }
   return out;
@@ -492,8 +498,7 @@ std::string json_safe_name(const std::string& name, std::string* hex_bytes) {
   if (hex_bytes) {
     hex_bytes->clear();
     if (!valid) {
-      static const char* digits = "0123456789abcdef";
-      for (unsigned char ch : name) *hex_bytes += {digits[ch >> 4], digits[ch & 15]};
+      for (unsigned char ch : name) append_hex(*hex_bytes, ch);
     }
   }
   return out;
